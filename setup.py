@@ -1,0 +1,57 @@
+"""Build driver: setup.py only configures and builds the CMake project (CMakeLists.txt).
+
+Honours CMAKE_ARGS and CMAKE_BUILD_PARALLEL_LEVEL. The extension never links libtorch, so the
+same sources build for any Python/torch pair.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+VERSION = (ROOT / "VERSION").read_text().strip()
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: CMakeExtension) -> None:
+        import pybind11
+
+        ext_dir = Path(self.get_ext_fullpath(ext.name)).parent.resolve()
+        build_temp = Path(self.build_temp) / "cmake"
+        build_temp.mkdir(parents=True, exist_ok=True)
+        cmake_args = [
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={ext_dir}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-G", "Ninja",
+        ]
+        cmake_args += [a for a in os.environ.get("CMAKE_ARGS", "").split() if a]
+        build_args = []
+        if "CMAKE_BUILD_PARALLEL_LEVEL" not in os.environ:
+            build_args += [f"-j{os.cpu_count() or 1}"]
+        subprocess.run(["cmake", str(ROOT), *cmake_args], cwd=build_temp, check=True)
+        subprocess.run(["cmake", "--build", ".", *build_args], cwd=build_temp, check=True)
+
+
+setup(
+    name="deepcompile_remat",
+    version=VERSION,
+    description="ZeRO-3-aware min-cut rematerialization for torch.compile",
+    packages=find_packages(include=["deepcompile_remat", "deepcompile_remat.*"]),
+    ext_modules=[CMakeExtension("deepcompile_remat._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    python_requires=">=3.10",
+    install_requires=["numpy"],
+    extras_require={"test": ["pytest", "networkx"]},
+    entry_points={"console_scripts": ["deepcompile-remat=deepcompile_remat.cli:main"]},
+    zip_safe=False,
+)
