@@ -1,0 +1,283 @@
+#include "partition/remat_partition.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "maxflow/max_flow.h"
+#include "maxflow/node_split.h"
+
+namespace dcr {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+OpClass ClassOf(const JointGraphView& g, int64_t v) { return static_cast<OpClass>(g.op_class[v]); }
+bool Has(const JointGraphView& g, int64_t v, uint32_t flag) { return (g.flags[v] & flag) != 0; }
+
+bool IsRecomputeTag(RecomputeTag t) {
+  return t == RecomputeTag::kMustRecompute || t == RecomputeTag::kPreferRecompute;
+}
+
+// --- ClassifyRegions ---------------------------------------------------------------------------
+std::vector<uint8_t> ClassifyRegions(const JointGraphView& g, const Adjacency& adj) {
+  const int64_t n = g.num_nodes;
+  std::vector<uint8_t> info(n, 0);
+  // Tangent closure: forward propagation in topological order.
+  for (int64_t v = 0; v < n; ++v) {
+    if (Has(g, v, kBackwardInput) || Has(g, v, kMustBeInBackward)) info[v] |= kTangentClosure;
+    if (info[v] & kTangentClosure) adj.ForEachUser(v, [&](int64_t u) { info[u] |= kTangentClosure; });
+  }
+  // Required forward: ancestors of the forward outputs, reverse topological order.
+  for (int64_t o : g.fwd_outputs) info[o] |= kRequiredForward;
+  for (int64_t v = n - 1; v >= 0; --v) {
+    if (info[v] & kRequiredForward)
+      adj.ForEachProducer(v, [&](int64_t p) { info[p] |= kRequiredForward; });
+  }
+  for (int64_t v = 0; v < n; ++v)
+    if (info[v] & kTangentClosure) info[v] |= kRequiredBackward;
+  for (int64_t o : g.bwd_outputs) info[o] |= kRequiredBackward;
+  return info;
+}
+
+// --- ApplyCheckpointTags -----------------------------------------------------------------------
+// A recompute-tagged node whose recompute-tagged user lies in a later checkpoint region is the
+// boundary between two regions: it is saved (as torch.utils.checkpoint stashes region outputs).
+std::vector<RecomputeTag> ApplyCheckpointTags(const JointGraphView& g, const Adjacency& adj) {
+  std::vector<RecomputeTag> tags(g.num_nodes);
+  for (int64_t v = 0; v < g.num_nodes; ++v) tags[v] = static_cast<RecomputeTag>(g.recompute[v]);
+  for (int64_t v = 0; v < g.num_nodes; ++v) {
+    if (!IsRecomputeTag(static_cast<RecomputeTag>(g.recompute[v])) || g.ac_graph_id[v] < 0) continue;
+    bool boundary = false;
+    adj.ForEachUser(v, [&](int64_t u) {
+      boundary |= IsRecomputeTag(static_cast<RecomputeTag>(g.recompute[u])) &&
+                  g.ac_graph_id[u] > g.ac_graph_id[v];
+    });
+    if (boundary) tags[v] = RecomputeTag::kMustSave;
+  }
+  return tags;
+}
+
+// --- MarkParameterAliases ----------------------------------------------------------------------
+// alias_of[v] = the parameter node v derives from through gathers/views/casts/getitems, or -1.
+std::vector<int64_t> MarkParameterAliases(const JointGraphView& g, const Adjacency& adj) {
+  std::vector<int64_t> alias_of(g.num_nodes, -1);
+  for (int64_t v = 0; v < g.num_nodes; ++v) {
+    const int64_t root = Has(g, v, kParameter) ? v : alias_of[v];
+    if (root < 0) continue;
+    adj.ForEachUser(v, [&](int64_t u) {
+      switch (ClassOf(g, u)) {
+        case OpClass::kGather:
+        case OpClass::kView:
+        case OpClass::kCast:
+        case OpClass::kGetItem:
+          if (alias_of[u] < 0) alias_of[u] = root;  // first (lowest-id) parameter wins
+          break;
+        default:
+          break;
+      }
+    });
+  }
+  return alias_of;
+}
+
+// --- BuildRematNetwork ---------------------------------------------------------------------------
+// Why an arc is +inf (or what it costs); reported on conflicts.
+enum class ArcWhy : uint8_t {
+  kSaveCost,
+  kData,
+  kCannotSaveView,
+  kCannotSaveNonTensor,
+  kCannotSaveSymFloat,
+  kCannotSaveTagged,
+  kCannotSaveParameterAlias,
+  kBanPrimal,
+  kBanSeed,
+  kBanMustSave,
+  kBanRandom,
+  kBanComputeIntensive,
+  kBanNotFusible,
+  kBanCollective,
+  kSinkTangentClosure,
+  kSinkBackwardOutput,
+};
+
+const char* Describe(ArcWhy why) {
+  switch (why) {
+    case ArcWhy::kSaveCost: return "saving it has a finite cost";
+    case ArcWhy::kData: return "depends on the previous node";
+    case ArcWhy::kCannotSaveView: return "cannot be saved: a view (its base is saved instead)";
+    case ArcWhy::kCannotSaveNonTensor: return "cannot be saved: not a tensor (tuple/list/object)";
+    case ArcWhy::kCannotSaveSymFloat: return "cannot be saved: a SymFloat";
+    case ArcWhy::kCannotSaveTagged: return "cannot be saved: tagged MUST_RECOMPUTE/PREFER_RECOMPUTE";
+    case ArcWhy::kCannotSaveParameterAlias:
+      return "cannot be saved: a gathered/viewed/cast alias of a parameter (ZeRO-3 marking)";
+    case ArcWhy::kBanPrimal: return "cannot be recomputed: a forward input";
+    case ArcWhy::kBanSeed: return "cannot be recomputed: a forward RNG seed";
+    case ArcWhy::kBanMustSave: return "cannot be recomputed: tagged MUST_SAVE";
+    case ArcWhy::kBanRandom: return "cannot be recomputed: a random op";
+    case ArcWhy::kBanComputeIntensive: return "cannot be recomputed: a compute-intensive op";
+    case ArcWhy::kBanNotFusible: return "cannot be recomputed: not fusible (conservative policy)";
+    case ArcWhy::kBanCollective: return "cannot be recomputed: a collective on a non-parameter";
+    case ArcWhy::kSinkTangentClosure: return "must be computed in backward: depends on a tangent";
+    case ArcWhy::kSinkBackwardOutput: return "must be available in backward: a gradient needs it";
+  }
+  return "?";
+}
+
+struct RematNetwork {
+  int64_t num_graph_nodes = 0;
+  int64_t num_nodes = 0, source = 0, sink = 0;
+  std::vector<int64_t> tails, heads;
+  std::vector<double> capacities;
+  std::vector<ArcWhy> why;
+  std::vector<double> node_cost;  // cost of node v's arc (arc index v)
+
+  void Add(int64_t u, int64_t v, double c, ArcWhy w) {
+    tails.push_back(u);
+    heads.push_back(v);
+    capacities.push_back(c);
+    why.push_back(w);
+  }
+};
+
+// Returns the reason v may not be recomputed, or false.
+bool BanReason(const JointGraphView& g, int64_t v, RecomputeTag tag, RematPolicy policy,
+               int64_t alias_of, ArcWhy* why) {
+  const OpClass c = ClassOf(g, v);
+  if (Has(g, v, kPrimal)) return *why = ArcWhy::kBanPrimal, true;
+  if (Has(g, v, kForwardSeed)) return *why = ArcWhy::kBanSeed, true;
+  if (c == OpClass::kView || c == OpClass::kGetItem || c == OpClass::kPlaceholder) return false;
+  if (tag == RecomputeTag::kMustSave) return *why = ArcWhy::kBanMustSave, true;
+  if (c == OpClass::kRandom) return *why = ArcWhy::kBanRandom, true;
+  if (IsRecomputeTag(tag) || alias_of >= 0) return false;  // checkpoint region / ZeRO-3 alias
+  if (c == OpClass::kComputeIntensive) return *why = ArcWhy::kBanComputeIntensive, true;
+  if (c == OpClass::kGather) return *why = ArcWhy::kBanCollective, true;
+  if (policy == RematPolicy::kConservative && !IsFusible(c))
+    return *why = ArcWhy::kBanNotFusible, true;
+  return false;
+}
+
+RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
+                               const std::vector<RecomputeTag>& tags,
+                               const std::vector<int64_t>& alias_of, RematPolicy policy,
+                               std::vector<uint8_t>& info) {
+  const int64_t n = g.num_nodes;
+  RematNetwork net;
+  net.num_graph_nodes = n;
+  net.num_nodes = 2 * n + 2;
+  net.source = 2 * n;
+  net.sink = 2 * n + 1;
+  net.node_cost.assign(n, 0.0);
+  // Node arcs first, so arc index v is node v's arc.
+  for (int64_t v = 0; v < n; ++v) {
+    const OpClass c = ClassOf(g, v);
+    ArcWhy why = ArcWhy::kSaveCost;
+    double cost;
+    if (alias_of[v] >= 0) {
+      cost = kInf, why = ArcWhy::kCannotSaveParameterAlias;
+      info[v] |= kParameterAlias | kMustRecompute;
+    } else if (IsRecomputeTag(tags[v])) {
+      cost = kInf, why = ArcWhy::kCannotSaveTagged;
+      info[v] |= kMustRecompute;
+    } else if (c == OpClass::kView) {
+      cost = kInf, why = ArcWhy::kCannotSaveView;
+    } else if (Has(g, v, kSymFloat)) {
+      cost = kInf, why = ArcWhy::kCannotSaveSymFloat;
+    } else if (Has(g, v, kNonTensor)) {
+      cost = kInf, why = ArcWhy::kCannotSaveNonTensor;
+    } else if (Has(g, v, kStaticInput)) {
+      cost = 0.0;
+    } else if (Has(g, v, kSymInt)) {
+      cost = g.bytes[v];
+    } else {
+      bool materialized = c == OpClass::kPlaceholder || !IsFusible(c);
+      adj.ForEachUser(v, [&](int64_t u) { materialized |= !IsFusible(ClassOf(g, u)); });
+      cost = (materialized ? 1.0 : 2.0) * g.bytes[v];
+    }
+    net.node_cost[v] = cost;
+    net.Add(SplitIn(v), SplitOut(v), cost, why);
+  }
+  for (int64_t v = 0; v < n; ++v) {
+    if (info[v] & kTangentClosure) {
+      net.Add(SplitIn(v), net.sink, kInf, ArcWhy::kSinkTangentClosure);
+      continue;  // computed in backward: its own users are in the closure too
+    }
+    if (info[v] & kRequiredBackward) net.Add(SplitOut(v), net.sink, kInf, ArcWhy::kSinkBackwardOutput);
+    ArcWhy why;
+    if ((info[v] & kRequiredForward) && BanReason(g, v, tags[v], policy, alias_of[v], &why)) {
+      info[v] |= kBanned;
+      net.Add(net.source, SplitIn(v), kInf, why);
+    }
+    adj.ForEachUser(v, [&](int64_t u) { net.Add(SplitOut(v), SplitIn(u), kInf, ArcWhy::kData); });
+  }
+  return net;
+}
+
+// --- Solve -------------------------------------------------------------------------------------
+[[noreturn]] void ThrowConflict(const RematNetwork& net, const std::vector<int64_t>& path) {
+  // Map each step of the +inf path back to graph nodes and the constraint behind its arc.
+  std::vector<int64_t> nodes;
+  std::vector<std::string> reasons;
+  auto note = [&](int64_t graph_node, ArcWhy why) {
+    if (why == ArcWhy::kData) return;  // the chain itself shows data dependencies
+    if (nodes.empty() || nodes.back() != graph_node) {
+      nodes.push_back(graph_node);
+      reasons.emplace_back(Describe(why));
+    } else {
+      reasons.back() += "; ";
+      reasons.back() += Describe(why);
+    }
+  };
+  for (size_t i = 0; i + 1 < path.size(); ++i) {
+    const int64_t a = path[i], b = path[i + 1];
+    ArcWhy why = ArcWhy::kData;
+    for (size_t k = 0; k < net.tails.size(); ++k) {
+      if (net.tails[k] == a && net.heads[k] == b && std::isinf(net.capacities[k])) {
+        why = net.why[k];
+        break;
+      }
+    }
+    const int64_t graph_node = (a == net.source) ? b / 2 : a / 2;
+    if (why == ArcWhy::kData) {
+      if (nodes.empty() || nodes.back() != a / 2) nodes.push_back(a / 2), reasons.emplace_back("");
+      nodes.push_back(b / 2);
+      reasons.emplace_back("");
+      continue;
+    }
+    note(graph_node, why);
+  }
+  std::ostringstream os;
+  os << "conflicting rematerialization constraints along node chain";
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    os << (i ? " -> " : " ") << nodes[i];
+    if (!reasons[i].empty()) os << " [" << reasons[i] << "]";
+  }
+  throw PartitionConflictError(os.str(), std::move(nodes), std::move(reasons));
+}
+
+}  // namespace
+
+PartitionResult PartitionJointGraph(const JointGraphView& g, const PartitionOptions& options) {
+  g.Validate();
+  const Adjacency adj(g);
+  PartitionResult result;
+  result.node_info = ClassifyRegions(g, adj);
+  const std::vector<RecomputeTag> tags = ApplyCheckpointTags(g, adj);
+  const std::vector<int64_t> alias_of = options.mark_parameter_aliases
+                                            ? MarkParameterAliases(g, adj)
+                                            : std::vector<int64_t>(g.num_nodes, -1);
+  RematNetwork net = BuildRematNetwork(g, adj, tags, alias_of, options.policy, result.node_info);
+  if (g.num_nodes == 0) return result;
+  MinCutResult cut;
+  try {
+    cut = MinStCut(net.num_nodes, net.tails, net.heads, net.capacities, net.source, net.sink);
+  } catch (const UnboundedCutError& e) {
+    ThrowConflict(net, e.path());
+  }
+  result.saved_nodes = CutNodes(cut, g.num_nodes);
+  result.cut_cost = cut.value;
+  return result;
+}
+
+}  // namespace dcr
