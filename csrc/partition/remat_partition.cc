@@ -256,6 +256,35 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
   throw PartitionConflictError(os.str(), std::move(nodes), std::move(reasons));
 }
 
+// Cut nodes the backward actually reads: v_out reaches the sink through sink-side nodes. A
+// zero-cost cut arc (a static input nothing downstream needs) is part of some minimum cut but
+// saving it would only add a useless backward input.
+std::vector<int64_t> UsedCutNodes(const RematNetwork& net, const MinCutResult& cut) {
+  const int64_t n = net.num_graph_nodes;
+  std::vector<int64_t> first(net.num_nodes + 1, 0), tails(net.tails.size());
+  for (int64_t h : net.heads) ++first[h + 1];
+  for (int64_t v = 0; v < net.num_nodes; ++v) first[v + 1] += first[v];
+  std::vector<int64_t> next(first.begin(), first.end() - 1);
+  for (size_t k = 0; k < net.tails.size(); ++k) tails[next[net.heads[k]]++] = net.tails[k];
+  std::vector<uint8_t> reaches_sink(net.num_nodes, 0);
+  std::vector<int64_t> stack = {net.sink};
+  reaches_sink[net.sink] = 1;
+  while (!stack.empty()) {
+    const int64_t b = stack.back();
+    stack.pop_back();
+    for (int64_t k = first[b]; k < first[b + 1]; ++k) {
+      const int64_t a = tails[k];
+      if (reaches_sink[a] || cut.source_side[a]) continue;
+      reaches_sink[a] = 1;
+      stack.push_back(a);
+    }
+  }
+  std::vector<int64_t> used;
+  for (int64_t v : CutNodes(cut, n))
+    if (reaches_sink[SplitOut(v)]) used.push_back(v);
+  return used;
+}
+
 }  // namespace
 
 PartitionResult PartitionJointGraph(const JointGraphView& g, const PartitionOptions& options) {
@@ -275,7 +304,7 @@ PartitionResult PartitionJointGraph(const JointGraphView& g, const PartitionOpti
   } catch (const UnboundedCutError& e) {
     ThrowConflict(net, e.path());
   }
-  result.saved_nodes = CutNodes(cut, g.num_nodes);
+  result.saved_nodes = UsedCutNodes(net, cut);
   result.cut_cost = cut.value;
   return result;
 }

@@ -15,6 +15,8 @@ using I64Array = pybind11::array_t<int64_t, pybind11::array::c_style>;
 using F64Array = pybind11::array_t<double, pybind11::array::c_style>;
 using U8Array = pybind11::array_t<uint8_t, pybind11::array::c_style>;
 using I32Array = pybind11::array_t<int32_t, pybind11::array::c_style>;
+using U32Array = pybind11::array_t<uint32_t, pybind11::array::c_style>;
+using I8Array = pybind11::array_t<int8_t, pybind11::array::c_style>;
 
 namespace python {
 

@@ -1,6 +1,72 @@
-// Bindings of the partition layer (csrc/partition); filled in by the partitioner work.
+// Binding of the rematerialization partition (csrc/partition). The Python fx bridge
+// (deepcompile_remat/partition/fx_export.py) exports the joint graph as these arrays.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "partition/remat_partition.h"
+#include "python/numpy_span.h"
+
+namespace py = pybind11;
 
 namespace dcr::python {
-void BindPartition(pybind11::module_&) {}
+
+void BindPartition(py::module_& m) {
+  // PartitionConflictError(ValueError) carries `.nodes` (graph node ids along the conflicting
+  // chain) and `.reasons` (one string per node); the Python layer maps ids to FX node names.
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> conflict_type;
+  conflict_type.call_once_and_store_result([&m]() {
+    return py::object(
+        py::exception<PartitionConflictError>(m, "PartitionConflictError", PyExc_ValueError));
+  });
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const PartitionConflictError& e) {
+      py::object type = conflict_type.get_stored();
+      py::object err = type(e.what());
+      err.attr("nodes") = py::cast(e.nodes());
+      err.attr("reasons") = py::cast(e.reasons());
+      PyErr_SetObject(type.ptr(), err.ptr());
+    }
+  });
+
+  py::enum_<RematPolicy>(m, "RematPolicy")
+      .value("conservative", RematPolicy::kConservative)
+      .value("aggressive", RematPolicy::kAggressive);
+
+  m.def(
+      "partition_joint_graph",
+      [](const F64Array& bytes, const U8Array& op_class, const U32Array& flags,
+         const I8Array& recompute, const I64Array& ac_graph_id, const I64Array& edge_tails,
+         const I64Array& edge_heads, const I64Array& fwd_outputs, const I64Array& bwd_outputs,
+         RematPolicy policy, bool mark_parameter_aliases) {
+        JointGraphView g;
+        g.num_nodes = static_cast<int64_t>(bytes.size());
+        g.bytes = AsSpan(bytes);
+        g.op_class = AsSpan(op_class);
+        g.flags = AsSpan(flags);
+        g.recompute = AsSpan(recompute);
+        g.ac_graph_id = AsSpan(ac_graph_id);
+        g.edge_tails = AsSpan(edge_tails);
+        g.edge_heads = AsSpan(edge_heads);
+        g.fwd_outputs = AsSpan(fwd_outputs);
+        g.bwd_outputs = AsSpan(bwd_outputs);
+        PartitionOptions options;
+        options.policy = policy;
+        options.mark_parameter_aliases = mark_parameter_aliases;
+        PartitionResult r;
+        {
+          py::gil_scoped_release release;
+          r = PartitionJointGraph(g, options);
+        }
+        return py::make_tuple(ToNumpy(r.saved_nodes), r.cut_cost, ToNumpy(r.node_info));
+      },
+      py::arg("bytes"), py::arg("op_class"), py::arg("flags"), py::arg("recompute"),
+      py::arg("ac_graph_id"), py::arg("edge_tails"), py::arg("edge_heads"),
+      py::arg("fwd_outputs"), py::arg("bwd_outputs"), py::arg("policy"),
+      py::arg("mark_parameter_aliases"),
+      "Min-cut rematerialization: returns (saved_nodes int64[k], cut_cost, node_info uint8[n]).");
+}
+
 }  // namespace dcr::python

@@ -1,0 +1,250 @@
+// The rematerialization partition on hand-built joint graphs (the seeds' examples, ZeRO-3
+// parameter marking, checkpoint tags, conflicts).
+#include "partition/remat_partition.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace dcr {
+namespace {
+
+// Builds a JointGraphView node by node; ids follow insertion order (topological).
+struct GraphBuilder {
+  std::vector<double> bytes;
+  std::vector<uint8_t> op_class;
+  std::vector<uint32_t> flags;
+  std::vector<int8_t> recompute;
+  std::vector<int64_t> ac_graph_id, tails, heads, fwd_outputs, bwd_outputs;
+
+  int64_t Add(OpClass c, std::vector<int64_t> inputs, double size = 4096, uint32_t f = 0,
+              RecomputeTag tag = RecomputeTag::kNone, int64_t ac_id = -1) {
+    const int64_t v = static_cast<int64_t>(bytes.size());
+    bytes.push_back(size);
+    op_class.push_back(static_cast<uint8_t>(c));
+    flags.push_back(f);
+    recompute.push_back(static_cast<int8_t>(tag));
+    ac_graph_id.push_back(ac_id);
+    for (int64_t u : inputs) tails.push_back(u), heads.push_back(v);
+    return v;
+  }
+  int64_t Primal(double size = 4096) { return Add(OpClass::kPlaceholder, {}, size, kPrimal); }
+  int64_t Parameter(double size = 4096) {
+    return Add(OpClass::kPlaceholder, {}, size, kPrimal | kStaticInput | kParameter);
+  }
+  int64_t Tangent(double size = 4096) { return Add(OpClass::kPlaceholder, {}, size, kBackwardInput); }
+
+  JointGraphView View() const {
+    JointGraphView g;
+    g.num_nodes = static_cast<int64_t>(bytes.size());
+    g.bytes = bytes;
+    g.op_class = op_class;
+    g.flags = flags;
+    g.recompute = recompute;
+    g.ac_graph_id = ac_graph_id;
+    g.edge_tails = tails;
+    g.edge_heads = heads;
+    g.fwd_outputs = fwd_outputs;
+    g.bwd_outputs = bwd_outputs;
+    return g;
+  }
+  PartitionResult Solve(RematPolicy policy = RematPolicy::kConservative, bool mark = true) const {
+    PartitionOptions o;
+    o.policy = policy;
+    o.mark_parameter_aliases = mark;
+    return PartitionJointGraph(View(), o);
+  }
+};
+
+using Ids = std::vector<int64_t>;
+
+// cos(cos(a + b + c + d)): the backward needs sin(cos1) and sin(sum); saving the sum alone
+// (then recomputing cos1 = cos(sum) in backward) is the cheapest cut (seed post 000).
+TEST(RematPartition, SeedCosCosSavesOnlyTheSum) {
+  GraphBuilder g;
+  const int64_t a = g.Primal(), b = g.Primal(), c = g.Primal(), d = g.Primal();
+  const int64_t t = g.Tangent();
+  const int64_t ab = g.Add(OpClass::kPointwise, {a, b});
+  const int64_t abc = g.Add(OpClass::kPointwise, {ab, c});
+  const int64_t sum = g.Add(OpClass::kPointwise, {abc, d});
+  const int64_t cos1 = g.Add(OpClass::kPointwise, {sum});
+  const int64_t cos2 = g.Add(OpClass::kPointwise, {cos1});
+  const int64_t sin1 = g.Add(OpClass::kPointwise, {cos1});
+  const int64_t g1 = g.Add(OpClass::kPointwise, {t, sin1});
+  const int64_t sin0 = g.Add(OpClass::kPointwise, {sum});
+  const int64_t g0 = g.Add(OpClass::kPointwise, {g1, sin0});
+  g.fwd_outputs = {cos2};
+  g.bwd_outputs = {g0};
+  for (RematPolicy p : {RematPolicy::kConservative, RematPolicy::kAggressive}) {
+    const PartitionResult r = g.Solve(p);
+    EXPECT_EQ(r.saved_nodes, Ids({sum}));
+    EXPECT_DOUBLE_EQ(r.cut_cost, 2 * 4096.0);  // fusible intermediate: written and read once
+  }
+}
+
+// x * x * (rand_like(x) < 0.5): the random op is never recomputed, so its consequence (the
+// small bool mask) is saved, with x.
+TEST(RematPartition, RandomOpIsNeverRecomputed) {
+  GraphBuilder g;
+  const int64_t x = g.Primal();
+  const int64_t t = g.Tangent();
+  const int64_t rnd = g.Add(OpClass::kRandom, {x});
+  const int64_t mask = g.Add(OpClass::kPointwise, {rnd}, 1024);
+  const int64_t xx = g.Add(OpClass::kPointwise, {x, x});
+  const int64_t out = g.Add(OpClass::kPointwise, {xx, mask});
+  const int64_t gm = g.Add(OpClass::kPointwise, {t, mask});
+  const int64_t gx = g.Add(OpClass::kPointwise, {gm, x});
+  g.fwd_outputs = {out};
+  g.bwd_outputs = {gx};
+  for (RematPolicy p : {RematPolicy::kConservative, RematPolicy::kAggressive}) {
+    const PartitionResult r = g.Solve(p);
+    EXPECT_EQ(r.saved_nodes, Ids({x, mask}));
+    EXPECT_TRUE(r.node_info[rnd] & kBanned);
+  }
+}
+
+// x.cos().cos().cos(): every intermediate is recomputable from x, which is cheapest to save.
+TEST(RematPartition, ChainOfPointwiseSavesOnlyTheInput) {
+  GraphBuilder g;
+  const int64_t x = g.Primal();
+  const int64_t t = g.Tangent();
+  const int64_t c1 = g.Add(OpClass::kPointwise, {x});
+  const int64_t c2 = g.Add(OpClass::kPointwise, {c1});
+  const int64_t c3 = g.Add(OpClass::kPointwise, {c2});
+  const int64_t s2 = g.Add(OpClass::kPointwise, {c2});
+  const int64_t g2 = g.Add(OpClass::kPointwise, {t, s2});
+  const int64_t s1 = g.Add(OpClass::kPointwise, {c1});
+  const int64_t g1 = g.Add(OpClass::kPointwise, {g2, s1});
+  const int64_t s0 = g.Add(OpClass::kPointwise, {x});
+  const int64_t g0 = g.Add(OpClass::kPointwise, {g1, s0});
+  g.fwd_outputs = {c3};
+  g.bwd_outputs = {g0};
+  EXPECT_EQ(g.Solve().saved_nodes, Ids({x}));
+}
+
+// ZeRO-3: y = x @ cast(gather(w)). Without marking, the gathered bf16 copy is the cheapest
+// save; with marking, the backward re-gathers from the parameter (its shard) itself.
+struct GatheredLinear {
+  GraphBuilder g;
+  int64_t w, x, gathered, cast, view_t;
+  GatheredLinear() {
+    w = g.Parameter(1 << 20);
+    x = g.Primal(4096);
+    const int64_t t = g.Tangent(4096);
+    gathered = g.Add(OpClass::kGather, {w}, 4 << 20);
+    cast = g.Add(OpClass::kCast, {gathered}, 2 << 20);
+    const int64_t y = g.Add(OpClass::kComputeIntensive, {x, cast}, 4096);
+    view_t = g.Add(OpClass::kView, {cast}, 2 << 20);
+    const int64_t gx = g.Add(OpClass::kComputeIntensive, {t, view_t}, 4096);
+    const int64_t xt = g.Add(OpClass::kView, {x}, 4096);
+    const int64_t gw = g.Add(OpClass::kComputeIntensive, {xt, t}, 2 << 20);
+    g.fwd_outputs = {y};
+    g.bwd_outputs = {gx, gw};
+  }
+};
+
+TEST(RematPartition, ParameterAliasesAreRecomputedNotSaved) {
+  GatheredLinear m;
+  for (RematPolicy p : {RematPolicy::kConservative, RematPolicy::kAggressive}) {
+    const PartitionResult r = m.g.Solve(p, /*mark=*/true);
+    EXPECT_EQ(r.saved_nodes, Ids({m.w, m.x}));
+    for (int64_t v : {m.gathered, m.cast, m.view_t}) {
+      EXPECT_TRUE(r.node_info[v] & kParameterAlias) << v;
+      EXPECT_TRUE(r.node_info[v] & kMustRecompute) << v;
+    }
+  }
+  const PartitionResult unmarked = m.g.Solve(RematPolicy::kConservative, /*mark=*/false);
+  EXPECT_EQ(unmarked.saved_nodes, Ids({m.x, m.cast}));
+}
+
+// A checkpoint-tagged (PREFER_RECOMPUTE) region feeding a later region: the boundary value is
+// saved, the interior recomputed, even for compute-intensive ops.
+TEST(RematPartition, CheckpointTagsAndRegionBoundaries) {
+  GraphBuilder g;
+  const int64_t x = g.Primal();
+  const int64_t t = g.Tangent();
+  const auto rec = RecomputeTag::kPreferRecompute;
+  const int64_t mm1 = g.Add(OpClass::kComputeIntensive, {x}, 4096, 0, rec, 0);
+  const int64_t act1 = g.Add(OpClass::kPointwise, {mm1}, 4096, 0, rec, 0);
+  const int64_t mm2 = g.Add(OpClass::kComputeIntensive, {act1}, 4096, 0, rec, 1);
+  const int64_t act2 = g.Add(OpClass::kPointwise, {mm2}, 4096, 0, rec, 1);
+  const int64_t b2 = g.Add(OpClass::kPointwise, {t, mm2});
+  const int64_t b1 = g.Add(OpClass::kComputeIntensive, {b2, act1});
+  const int64_t b0 = g.Add(OpClass::kPointwise, {b1, mm1});
+  g.fwd_outputs = {act2};
+  g.bwd_outputs = {b0};
+  const PartitionResult r = g.Solve();
+  EXPECT_EQ(r.saved_nodes, Ids({x, act1}));  // act1 ends region 0 and feeds region 1
+  EXPECT_TRUE(r.node_info[mm1] & kMustRecompute);
+  EXPECT_TRUE(r.node_info[mm2] & kMustRecompute);
+}
+
+TEST(RematPartition, MustSaveTag) {
+  GraphBuilder g;
+  const int64_t x = g.Primal();
+  const int64_t t = g.Tangent();
+  const int64_t c1 = g.Add(OpClass::kPointwise, {x}, 4096, 0, RecomputeTag::kMustSave, 0);
+  const int64_t c2 = g.Add(OpClass::kPointwise, {c1});
+  const int64_t b = g.Add(OpClass::kPointwise, {t, c1});
+  g.fwd_outputs = {c2};
+  g.bwd_outputs = {b};
+  EXPECT_EQ(g.Solve().saved_nodes, Ids({c1}));
+}
+
+// MUST_SAVE on a gathered parameter contradicts ZeRO-3 marking: the error names the node and
+// every constraint on it.
+TEST(RematPartition, ConflictNamesTheChainAndTheReasons) {
+  GraphBuilder g;
+  const int64_t w = g.Parameter();
+  const int64_t t = g.Tangent();
+  const int64_t gathered = g.Add(OpClass::kGather, {w}, 4096, 0, RecomputeTag::kMustSave, 0);
+  const int64_t out = g.Add(OpClass::kComputeIntensive, {gathered});
+  const int64_t b = g.Add(OpClass::kComputeIntensive, {t, gathered});
+  g.fwd_outputs = {out};
+  g.bwd_outputs = {b};
+  try {
+    g.Solve();
+    FAIL() << "expected PartitionConflictError";
+  } catch (const PartitionConflictError& e) {
+    ASSERT_EQ(e.nodes(), Ids({gathered, b}));
+    const std::string why = e.reasons()[0];
+    EXPECT_NE(why.find("MUST_SAVE"), std::string::npos) << why;
+    EXPECT_NE(why.find("ZeRO-3"), std::string::npos) << why;
+    EXPECT_NE(e.reasons()[1].find("tangent"), std::string::npos) << e.reasons()[1];
+    EXPECT_NE(std::string(e.what()).find("2 ["), std::string::npos) << e.what();
+  }
+}
+
+TEST(RematPartition, BadGraphIsRejectedWithTheIndex) {
+  GraphBuilder g;
+  const int64_t x = g.Primal();
+  g.Add(OpClass::kPointwise, {x});
+  g.tails.push_back(1), g.heads.push_back(0);  // backwards edge
+  try {
+    g.Solve();
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("edge 1"), std::string::npos) << e.what();
+  }
+  GraphBuilder h;
+  h.Primal();
+  h.op_class[0] = 42;
+  EXPECT_THROW(h.Solve(), std::invalid_argument);
+}
+
+TEST(RematPartition, EmptyGraph) {
+  GraphBuilder g;
+  const PartitionResult r = g.Solve();
+  EXPECT_TRUE(r.saved_nodes.empty());
+}
+
+TEST(RematPartition, Deterministic) {
+  GatheredLinear m;
+  const PartitionResult a = m.g.Solve(), b = m.g.Solve();
+  EXPECT_EQ(a.saved_nodes, b.saved_nodes);
+  EXPECT_EQ(a.node_info, b.node_info);
+}
+
+}  // namespace
+}  // namespace dcr
