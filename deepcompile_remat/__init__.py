@@ -1,9 +1,26 @@
 """deepcompile_remat: ZeRO-3-aware min-cut rematerialization for torch.compile.
 
-Importing the package does not import torch; the torch-facing pieces load on first use.
+Public surface: RematConfig, partition_fn / make_partition_fn (AOTAutograd partitioners),
+backend(kind, config) for torch.compile, reports() / clear_reports(), and the min-cut solver in
+deepcompile_remat.mincut. The C++ core is deepcompile_remat._C.
 """
-from deepcompile_remat import _C
+from deepcompile_remat._C import __version__
+from deepcompile_remat.config import RematConfig
 
-__version__ = _C.__version__
 
-__all__ = ["__version__"]
+def __getattr__(name):
+    # torch-dependent parts load lazily, so the solver works without importing torch.
+    if name in ("partition_fn", "make_partition_fn", "reports", "clear_reports",
+                "PartitionReport", "PartitionConflictError"):
+        from deepcompile_remat import partition
+
+        return getattr(partition, name)
+    if name == "backend":
+        from deepcompile_remat.backends import backend
+
+        return backend
+    raise AttributeError(f"module 'deepcompile_remat' has no attribute {name!r}")
+
+
+__all__ = ["__version__", "RematConfig", "partition_fn", "make_partition_fn", "backend",
+           "reports", "clear_reports", "PartitionReport", "PartitionConflictError"]

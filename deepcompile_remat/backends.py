@@ -1,0 +1,96 @@
+"""torch.compile backends that partition with deepcompile_remat.
+
+    model = torch.compile(model, backend=deepcompile_remat.backend("inductor", config))
+
+"eager": AOTAutograd with our partition_fn; the forward and backward FX graphs run as they are.
+"inductor": inductor, with our partitioner installed through the supported hook
+``torch._inductor.config.custom_partitioner_fn`` for the duration of the compile (no
+monkeypatching). Either way, graph inputs that arrive as ``nn.Parameter`` are the parameters
+the ZeRO-3 marking protects, unless the config names them explicitly.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+from deepcompile_remat.config import RematConfig
+from deepcompile_remat.partition.partitioner import make_partition_fn
+
+KINDS = ("eager", "inductor")
+
+
+def parameter_indices_of(example_inputs: Sequence[Any]) -> list[int]:
+    return [i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter)]
+
+
+@functools.lru_cache(maxsize=1)
+def _source_digest() -> str:
+    """Hash of the partitioner's Python sources and native module: part of the cache key."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")) + sorted(root.glob("_C*.so")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+class RematPartitioner(CustomPartitionerFn):
+    """Our partition_fn behind inductor's custom-partitioner hook."""
+
+    def __init__(self, config: RematConfig, parameter_indices: Optional[Sequence[int]]) -> None:
+        self.config = config
+        self.parameter_indices = None if parameter_indices is None else tuple(parameter_indices)
+        self._partition_fn = make_partition_fn(config, parameter_indices=self.parameter_indices)
+
+    def __call__(self, gm, joint_inputs, **kwargs):
+        kwargs.pop("compiler", None)
+        return self._partition_fn(gm, joint_inputs, **kwargs)
+
+    def uuid(self) -> str:
+        # Stable across processes: same sources, config and parameter layout -> same key.
+        return f"deepcompile_remat:{_source_digest()}:{self.config!r}:{self.parameter_indices}"
+
+
+def _eager_backend(config: RematConfig) -> Callable:
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def boxed_nop(gm, _example_inputs):
+        return make_boxed_func(gm.forward)
+
+    def compile_fn(gm: torch.fx.GraphModule, example_inputs):
+        params = config.parameter_indices or parameter_indices_of(example_inputs)
+        return aot_autograd(
+            fw_compiler=boxed_nop, bw_compiler=boxed_nop,
+            partition_fn=make_partition_fn(config, parameter_indices=params),
+        )(gm, example_inputs)
+
+    return compile_fn
+
+
+def _inductor_backend(config: RematConfig) -> Callable:
+    from torch._inductor.compile_fx import compile_fx
+
+    def compile_fn(gm: torch.fx.GraphModule, example_inputs):
+        params = config.parameter_indices or parameter_indices_of(example_inputs)
+        with torch._inductor.config.patch(custom_partitioner_fn=RematPartitioner(config, params)):
+            return compile_fx(gm, example_inputs)
+
+    return compile_fn
+
+
+def backend(kind: str = "inductor", config: Optional[RematConfig] = None) -> Callable:
+    """A torch.compile backend of the given kind ("eager" or "inductor")."""
+    if kind not in KINDS:
+        raise ValueError(f"backend kind must be one of {KINDS}, got {kind!r}")
+    config = config if config is not None else RematConfig()
+    if not isinstance(config, RematConfig):
+        raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
+    fn = _eager_backend(config) if kind == "eager" else _inductor_backend(config)
+    fn.__name__ = f"deepcompile_remat_{kind}"
+    return fn

@@ -1,0 +1,67 @@
+"""RematConfig: the single source of truth for what deepcompile_remat does.
+
+Built in code (``RematConfig(policy="aggressive")``) or from the ``"deepcompile_remat"`` block of a
+DeepSpeed JSON config (``RematConfig.from_dict``); every field is validated on construction and
+an unknown key or a bad value raises ValueError naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+POLICIES = ("conservative", "aggressive")
+
+
+@dataclass(frozen=True)
+class RematConfig:
+    policy: str = "conservative"
+    """conservative: recompute only fusible ops (pointwise, views, casts, cheap reductions).
+    aggressive: recompute everything except random and compute-intensive ops."""
+    mark_parameter_aliases: bool = True
+    """ZeRO-3 marking: gathered, viewed and cast parameter aliases are never saved."""
+    parameter_indices: Optional[Sequence[int]] = None
+    """Primal indices that are parameters; None: taken from the backend (nn.Parameter inputs)
+    or, failing that, AOTAutograd's static_lifetime_input_indices."""
+    cse: bool = True
+    """Run FX common-subexpression elimination on the joint graph before the cut."""
+    keep_reports: int = 1000
+    """How many PartitionReports this process keeps (oldest dropped first)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Sections owned by other modules (e.g. "zero3"); validated there."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(
+                f"RematConfig.policy must be one of {POLICIES}, got {self.policy!r}")
+        if not isinstance(self.mark_parameter_aliases, bool):
+            raise ValueError("RematConfig.mark_parameter_aliases must be a bool, got "
+                             f"{type(self.mark_parameter_aliases).__name__}")
+        if not isinstance(self.cse, bool):
+            raise ValueError(f"RematConfig.cse must be a bool, got {type(self.cse).__name__}")
+        if self.parameter_indices is not None:
+            idx = tuple(self.parameter_indices)
+            for i, v in enumerate(idx):
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise ValueError(
+                        f"RematConfig.parameter_indices[{i}] must be a non-negative int, got {v!r}")
+            object.__setattr__(self, "parameter_indices", idx)
+        if not isinstance(self.keep_reports, int) or self.keep_reports < 0:
+            raise ValueError(f"RematConfig.keep_reports must be an int >= 0, got {self.keep_reports!r}")
+
+    @classmethod
+    def from_dict(cls, block: Mapping[str, Any], *, where: str = "deepcompile_remat") -> "RematConfig":
+        """Builds a config from a JSON block; unknown keys are errors (typos must not pass)."""
+        if not isinstance(block, Mapping):
+            raise ValueError(f"{where} must be a JSON object, got {type(block).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        kwargs, extra = {}, {}
+        for key, value in block.items():
+            if key in known:
+                kwargs[key] = value
+            elif key in ("enabled", "zero3"):
+                extra[key] = value
+            else:
+                raise ValueError(
+                    f"{where}: unknown key {key!r}; known keys: {sorted(known | {'enabled', 'zero3'})}")
+        return cls(**kwargs, extra=extra)

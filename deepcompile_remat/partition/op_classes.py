@@ -1,0 +1,90 @@
+"""Which OpClass (csrc/graph/joint_graph.h) an FX node belongs to.
+
+The fusible set is torch's own default op list (so "conservative" means what it means in
+torch's partitioner); on top of it we split out views, casts, cheap reductions, gathers and
+getitems, which the C++ cost model and the ZeRO-3 marking treat specially.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import operator
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+class OpClass(enum.IntEnum):  # mirrors dcr::OpClass
+    PLACEHOLDER = 0
+    VIEW = 1
+    CAST = 2
+    POINTWISE = 3
+    REDUCTION = 4
+    COMPUTE_INTENSIVE = 5
+    RANDOM = 6
+    GATHER = 7
+    GETITEM = 8
+    OTHER = 9
+
+
+def _packets(namespace, *names: str) -> frozenset:
+    """The op packets that exist in this torch build (2.11 and 2.13 differ slightly)."""
+    return frozenset(getattr(namespace, n) for n in names if hasattr(namespace, n))
+
+
+_CASTS = _packets(aten, "_to_copy", "to", "type_as", "_autocast_to_reduced_precision",
+                  "_autocast_to_full_precision") | _packets(prims, "convert_element_type")
+_REDUCTIONS = _packets(aten, "sum", "mean", "amax", "amin", "var", "std", "var_mean", "any",
+                       "argmax", "max", "min", "_grad_sum_to_size", "sum_to_size") | _packets(
+    prims, "var", "sum", "prepare_softmax_online")
+_EXTRA_COMPUTE_INTENSIVE = _packets(
+    aten, "baddbmm", "addbmm", "linear", "matmul", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_backward",
+    "_efficient_attention_backward", "_scaled_dot_product_flash_attention_for_cpu_backward")
+# Gathers that are not functional collectives: our own runtime ops (deepcompile_remat.zero3).
+GATHER_NAMESPACES = {"_c10d_functional", "c10d_functional", "dcr"}
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_op_lists():
+    from torch._functorch.partitioners import get_default_op_list
+
+    ops = get_default_op_list()
+    return (frozenset(ops.recomputable_ops), frozenset(ops.compute_intensive_ops) | _EXTRA_COMPUTE_INTENSIVE,
+            frozenset(ops.random_ops), frozenset(ops.view_ops))
+
+
+def classify(node: fx.Node) -> OpClass:
+    if node.op == "placeholder":
+        return OpClass.PLACEHOLDER
+    if node.op == "get_attr":
+        return OpClass.VIEW  # a reference to a module constant: never saved, free to redo
+    if node.op != "call_function":
+        return OpClass.OTHER
+    target = node.target
+    if target is operator.getitem:
+        return OpClass.GETITEM
+    recomputable, compute_intensive, random, views = _torch_op_lists()
+    if isinstance(target, torch._ops.OpOverload):
+        if target.namespace in GATHER_NAMESPACES:
+            return OpClass.GATHER
+        packet = target.overloadpacket
+        if packet in random or torch.Tag.nondeterministic_seeded in target.tags:
+            return OpClass.RANDOM
+        if packet in _CASTS:
+            return OpClass.CAST
+        if target.is_view or packet in views:
+            return OpClass.VIEW
+        if packet in compute_intensive:
+            return OpClass.COMPUTE_INTENSIVE
+        if packet in _REDUCTIONS:
+            return OpClass.REDUCTION
+        if packet in recomputable or torch.Tag.pointwise in target.tags:
+            return OpClass.POINTWISE
+        return OpClass.OTHER
+    if target in recomputable:  # SymInt arithmetic (operator.mul, sym_max, ...)
+        return OpClass.POINTWISE
+    return OpClass.OTHER

@@ -1,0 +1,146 @@
+"""partition_fn: AOTAutograd's partition contract, decided by the C++ min-cut.
+
+    fw_module, bw_module = partition_fn(joint_module, joint_inputs, num_fwd_outputs=k)
+
+Steps: clean the joint graph (DCE, CSE, torch's force-save rules for effectful ops and
+backward mutations) -> export it as arrays (fx_export) -> solve in C++ (csrc/partition) ->
+split saved values into SymInts / opaque objects / tensors -> extract the two modules with
+torch's helper (extract.py) -> record a PartitionReport.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from deepcompile_remat import _C
+from deepcompile_remat.config import RematConfig
+from deepcompile_remat.partition import extract, fx_export, report
+from deepcompile_remat.partition.op_classes import OpClass
+
+PartitionConflictError = _C.PartitionConflictError
+
+_POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPolicy.aggressive}
+_TANGENT_CLOSURE, _PARAMETER_ALIAS = 1 << 1, 1 << 5  # dcr::NodeInfoBit
+
+
+def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig) -> None:
+    joint_module.graph.eliminate_dead_code()
+    if config.cse:
+        from torch._functorch.compile_utils import fx_graph_cse
+
+        joint_module.graph = fx_graph_cse(joint_module.graph)
+    joint_module.recompile()
+    from torch._functorch import partitioners as tp
+
+    # torch's rules that must hold for correctness, whatever the cut: effectful ops and the
+    # source of a mutation repeated in backward are never recomputed.
+    for rule in ("force_save_effectful_ops", "force_save_bw_mutation_src"):
+        fn = getattr(tp, rule, None)
+        if fn is not None:
+            fn(joint_module)
+
+
+def _conflict_message(err: Exception, graph: fx_export.ExportedJointGraph) -> str:
+    lines = ["deepcompile_remat: the rematerialization constraints cannot all hold; "
+             "along this chain of FX nodes:"]
+    for node_id, reason in zip(err.nodes, err.reasons):
+        node = graph.nodes[node_id]
+        lines.append(f"  {node.name} = {node.format_node()}" + (f"   <- {reason}" if reason else ""))
+    lines.append("Remove one of the conflicting tags (node.meta['recompute']) or the parameter "
+                 "marking (RematConfig.mark_parameter_aliases) for these nodes.")
+    return "\n".join(lines)
+
+
+def _saved_value(node: fx.Node, parameter: bool) -> report.SavedValue:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return report.SavedValue(node.name, tuple(str(s) if not isinstance(s, int) else s
+                                                  for s in val.shape),
+                                 str(val.dtype).replace("torch.", ""),
+                                 int(fx_export.value_bytes(val)), parameter)
+    return report.SavedValue(node.name, (), type(val).__name__, 0, parameter)
+
+
+def partition_joint_graph(
+    joint_module: fx.GraphModule,
+    joint_inputs: Sequence[Any],
+    *,
+    num_fwd_outputs: int,
+    config: RematConfig,
+    static_lifetime_input_indices: Optional[Sequence[int]] = None,
+    parameter_indices: Optional[Sequence[int]] = None,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    t0 = time.perf_counter()
+    _prepare_joint_graph(joint_module, config)
+    static = list(static_lifetime_input_indices or ())
+    if parameter_indices is None:
+        parameter_indices = config.parameter_indices
+    graph = fx_export.export_joint_graph(
+        joint_module, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=static,
+        parameter_indices=parameter_indices)
+    t1 = time.perf_counter()
+    try:
+        saved_ids, _, node_info = _C.partition_joint_graph(
+            *graph.arrays(), _POLICY[config.policy], config.mark_parameter_aliases)
+    except PartitionConflictError as err:
+        raise PartitionConflictError(_conflict_message(err, graph)) from err
+    t2 = time.perf_counter()
+
+    saved_nodes = [graph.nodes[i] for i in saved_ids]
+    saved_sym = [n for n in saved_nodes if extract.is_sym_node(n)]
+    saved_opaque = [n for n in saved_nodes if extract.is_opaque_node(n)]
+    saved_tensors = [n for n in saved_nodes if n not in saved_sym and n not in saved_opaque]
+    primals = [n for n in joint_module.graph.nodes if fx_export.is_primal(n)]
+    static_nodes = {p for i, p in enumerate(primals) if i in set(static)}
+    fw_module, bw_module = extract.extract_fwd_bwd_modules(
+        joint_module, saved_tensors, saved_sym, saved_opaque, num_fwd_outputs=num_fwd_outputs,
+        static_lifetime_input_nodes=static_nodes)
+    t3 = time.perf_counter()
+
+    flags = graph.flags
+    parameter_names = {graph.nodes[i].name for i in np.flatnonzero(flags & fx_export.NodeFlag.PARAMETER)}
+    fw_names = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
+    recomputed = tuple(n.name for n in bw_module.graph.nodes
+                       if n.op == "call_function" and n.name in fw_names)
+    rep = report.PartitionReport(
+        graph_nodes=len(graph.nodes),
+        policy=config.policy,
+        saved=tuple(_saved_value(n, n.name in parameter_names) for n in saved_tensors),
+        saved_sym_names=tuple(n.name for n in saved_sym),
+        recomputed=recomputed,
+        parameter_aliases=tuple(graph.nodes[i].name
+                                for i in np.flatnonzero(node_info & _PARAMETER_ALIAS)),
+        export_s=t1 - t0, solve_s=t2 - t1, extract_s=t3 - t2,
+        forward_graph=str(fw_module.graph), backward_graph=str(bw_module.graph))
+    report.record(rep, config.keep_reports)
+    return fw_module, bw_module
+
+
+def make_partition_fn(
+    config: Optional[RematConfig] = None,
+    *,
+    parameter_indices: Optional[Sequence[int]] = None,
+) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
+    """A partition function with AOTAutograd's contract, bound to `config`."""
+    config = config if config is not None else RematConfig()
+    if not isinstance(config, RematConfig):
+        raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
+
+    def partition_fn(joint_module, joint_inputs, *, num_fwd_outputs,
+                     static_lifetime_input_indices=None, **_unused):
+        return partition_joint_graph(
+            joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, config=config,
+            static_lifetime_input_indices=static_lifetime_input_indices,
+            parameter_indices=parameter_indices)
+
+    return partition_fn
+
+
+def partition_fn(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
+    """The default partition function (RematConfig()): drop-in for AOTAutograd."""
+    return make_partition_fn()(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                               **kwargs)

@@ -1,0 +1,75 @@
+"""PartitionReport: what one partition decided and what it cost, kept per process."""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from dataclasses import dataclass, field
+
+log = logging.getLogger("deepcompile_remat.partition")
+
+
+@dataclass(frozen=True)
+class SavedValue:
+    name: str
+    shape: tuple
+    dtype: str
+    bytes: int
+    parameter: bool  # a parameter (ZeRO-3: its shard), free to keep
+
+
+@dataclass(frozen=True)
+class PartitionReport:
+    graph_nodes: int
+    policy: str
+    saved: tuple[SavedValue, ...]
+    saved_sym_names: tuple[str, ...]
+    recomputed: tuple[str, ...]  # forward nodes the backward computes again
+    parameter_aliases: tuple[str, ...]  # nodes marked must-recompute by the ZeRO-3 rule
+    export_s: float
+    solve_s: float
+    extract_s: float
+    forward_graph: str = field(repr=False, default="")
+    backward_graph: str = field(repr=False, default="")
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(v.bytes for v in self.saved)
+
+    @property
+    def saved_activation_bytes(self) -> int:
+        """Saved bytes that are not parameters (what the step holds beyond the weights)."""
+        return sum(v.bytes for v in self.saved if not v.parameter)
+
+    def summary(self) -> str:
+        return (f"partition: {self.graph_nodes} nodes, policy={self.policy}, saved "
+                f"{len(self.saved)} tensors / {self.saved_bytes} bytes "
+                f"({self.saved_activation_bytes} non-parameter), {len(self.saved_sym_names)} "
+                f"symints, recomputed {len(self.recomputed)} ops, "
+                f"{len(self.parameter_aliases)} parameter aliases; export "
+                f"{self.export_s * 1e3:.1f} ms, solve {self.solve_s * 1e3:.1f} ms, extract "
+                f"{self.extract_s * 1e3:.1f} ms")
+
+
+_lock = threading.Lock()
+_reports: collections.deque = collections.deque(maxlen=1000)
+
+
+def record(report: PartitionReport, keep: int) -> None:
+    global _reports
+    with _lock:
+        if _reports.maxlen != keep:
+            _reports = collections.deque(_reports, maxlen=keep)
+        _reports.append(report)
+    log.info("%s", report.summary())
+
+
+def reports() -> list[PartitionReport]:
+    """This process's partition reports, newest last."""
+    with _lock:
+        return list(_reports)
+
+
+def clear_reports() -> None:
+    with _lock:
+        _reports.clear()
