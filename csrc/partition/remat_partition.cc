@@ -45,7 +45,13 @@ std::vector<uint8_t> ClassifyRegions(const JointGraphView& g, const Adjacency& a
 // boundary between two regions: it is saved (as torch.utils.checkpoint stashes region outputs).
 std::vector<RecomputeTag> ApplyCheckpointTags(const JointGraphView& g, const Adjacency& adj) {
   std::vector<RecomputeTag> tags(g.num_nodes);
-  for (int64_t v = 0; v < g.num_nodes; ++v) tags[v] = static_cast<RecomputeTag>(g.recompute[v]);
+  for (int64_t v = 0; v < g.num_nodes; ++v) {
+    tags[v] = static_cast<RecomputeTag>(g.recompute[v]);
+    // A checkpoint region's random op is not replayed bit-exactly by recomputation; a soft
+    // PREFER_RECOMPUTE yields and the op's result is saved (MUST_RECOMPUTE still conflicts).
+    if (tags[v] == RecomputeTag::kPreferRecompute && ClassOf(g, v) == OpClass::kRandom)
+      tags[v] = RecomputeTag::kNone;
+  }
   for (int64_t v = 0; v < g.num_nodes; ++v) {
     if (!IsRecomputeTag(static_cast<RecomputeTag>(g.recompute[v])) || g.ac_graph_id[v] < 0) continue;
     bool boundary = false;
@@ -114,7 +120,7 @@ const char* Describe(ArcWhy why) {
       return "cannot be saved: a gathered/viewed/cast alias of a parameter (ZeRO-3 marking)";
     case ArcWhy::kBanPrimal: return "cannot be recomputed: a forward input";
     case ArcWhy::kBanSeed: return "cannot be recomputed: a forward RNG seed";
-    case ArcWhy::kBanMustSave: return "cannot be recomputed: tagged MUST_SAVE";
+    case ArcWhy::kBanMustSave: return "cannot be recomputed: tagged MUST_SAVE/PREFER_SAVE";
     case ArcWhy::kBanRandom: return "cannot be recomputed: a random op";
     case ArcWhy::kBanComputeIntensive: return "cannot be recomputed: a compute-intensive op";
     case ArcWhy::kBanNotFusible: return "cannot be recomputed: not fusible (conservative policy)";
@@ -151,6 +157,7 @@ bool BanReason(const JointGraphView& g, int64_t v, RecomputeTag tag, RematPolicy
   if (tag == RecomputeTag::kMustSave) return *why = ArcWhy::kBanMustSave, true;
   if (c == OpClass::kRandom) return *why = ArcWhy::kBanRandom, true;
   if (IsRecomputeTag(tag) || alias_of >= 0) return false;  // checkpoint region / ZeRO-3 alias
+  if (tag == RecomputeTag::kPreferSave) return *why = ArcWhy::kBanMustSave, true;
   if (c == OpClass::kComputeIntensive) return *why = ArcWhy::kBanComputeIntensive, true;
   if (c == OpClass::kGather) return *why = ArcWhy::kBanCollective, true;
   if (policy == RematPolicy::kConservative && !IsFusible(c))
@@ -169,6 +176,19 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
   net.source = 2 * n;
   net.sink = 2 * n + 1;
   net.node_cost.assign(n, 0.0);
+  // materialized[v]: v's buffer is written to memory in the forward anyway, because some
+  // consumer is not fusible; views and getitems alias their input, so look through them.
+  std::vector<uint8_t> materialized(n, 0);
+  for (int64_t v = n - 1; v >= 0; --v) {
+    const OpClass c = ClassOf(g, v);
+    bool m = c == OpClass::kPlaceholder || !IsFusible(c);
+    adj.ForEachUser(v, [&](int64_t u) {
+      const OpClass cu = ClassOf(g, u);
+      const bool alias = cu == OpClass::kView || cu == OpClass::kGetItem;
+      m |= !IsFusible(cu) || (alias && materialized[u]);
+    });
+    materialized[v] = m;
+  }
   // Node arcs first, so arc index v is node v's arc.
   for (int64_t v = 0; v < n; ++v) {
     const OpClass c = ClassOf(g, v);
@@ -191,9 +211,7 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
     } else if (Has(g, v, kSymInt)) {
       cost = g.bytes[v];
     } else {
-      bool materialized = c == OpClass::kPlaceholder || !IsFusible(c);
-      adj.ForEachUser(v, [&](int64_t u) { materialized |= !IsFusible(ClassOf(g, u)); });
-      cost = (materialized ? 1.0 : 2.0) * g.bytes[v];
+      cost = (materialized[v] ? 1.0 : 2.0) * g.bytes[v];
     }
     net.node_cost[v] = cost;
     net.Add(SplitIn(v), SplitOut(v), cost, why);

@@ -68,9 +68,11 @@ def _must_be_in_backward(n: fx.Node) -> bool:
 def _hint(x) -> int:
     if isinstance(x, int):
         return x
-    from torch.fx.experimental.symbolic_shapes import has_hint, hint_int
+    from torch.fx.experimental import symbolic_shapes as ss
 
-    return hint_int(x) if has_hint(x) else 4096
+    # optimization_hint (2.13) / hint_int (2.11): a size hint that adds no guard.
+    hint = getattr(ss, "optimization_hint", None) or ss.hint_int
+    return int(hint(x, fallback=4096))
 
 
 def value_bytes(val) -> float:

@@ -1,0 +1,314 @@
+"""The partitioner through torch.compile: the seeds' examples, a model zoo against eager,
+ZeRO-3 marking, checkpoint tags, dynamic shapes, determinism and errors."""
+import copy
+import functools
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from functorch.compile import aot_function, make_boxed_func
+from torch.utils.checkpoint import CheckpointPolicy
+
+import deepcompile_remat as dcr
+from deepcompile_remat import RematConfig
+from models import GPT, MLP, Block, zoo
+
+BACKENDS = ["eager", "inductor"]
+
+
+def last_report():
+    reps = dcr.reports()
+    assert reps, "the partitioner did not run"
+    return reps[-1]
+
+
+def compile_and_backward(fn, inputs, kind, config=None):
+    out = torch.compile(fn, backend=dcr.backend(kind, config), fullgraph=True)(*inputs)
+    out.sum().backward()
+    return out
+
+
+# --- the seeds' examples -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_cos_cos_of_sum_saves_only_the_sum(kind):
+    xs = [torch.randn(1024, requires_grad=True) for _ in range(4)]
+    compile_and_backward(lambda a, b, c, d: torch.cos(torch.cos(a + b + c + d)), xs, kind)
+    rep = last_report()
+    assert len(rep.saved) == 1 and rep.saved[0].bytes == 1024 * 4, rep.saved
+    ref = [x.detach().clone().requires_grad_() for x in xs]
+    torch.cos(torch.cos(ref[0] + ref[1] + ref[2] + ref[3])).sum().backward()
+    for x, r in zip(xs, ref):
+        torch.testing.assert_close(x.grad, r.grad)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_random_mask_is_saved_and_never_recomputed(kind):
+    x = torch.randn(4096, requires_grad=True)
+    out = compile_and_backward(lambda x: x * x * (torch.rand_like(x) < 0.5), [x], kind)
+    rep = last_report()
+    assert sorted(v.dtype for v in rep.saved) == ["bool", "float32"], rep.saved
+    assert "rand" not in rep.backward_graph, rep.backward_graph
+    mask = out.detach() != 0  # x*x != 0 almost surely, so the output reveals the forward's mask
+    assert 0.3 < mask.float().mean() < 0.7
+    torch.testing.assert_close(x.grad, 2 * x.detach() * mask)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_cos_chain_saves_only_the_input(kind):
+    x = torch.randn(2048, requires_grad=True)
+    compile_and_backward(lambda x: x.cos().cos().cos(), [x], kind)
+    rep = last_report()
+    assert [v.name for v in rep.saved] == ["primals_1"], rep.saved
+    ref = x.detach().clone().requires_grad_()
+    ref.cos().cos().cos().sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad)
+
+
+# --- model zoo against eager ---------------------------------------------------------------------
+
+def run_model(fn, model, inputs, loss_fn, autocast):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = loss_fn(fn(*inputs))
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("name", list(zoo()))
+def test_model_gradients_match_eager(name, kind, autocast):
+    make_model, make_input, loss_fn = zoo()[name]
+    model = make_model()
+    ref_model = copy.deepcopy(model)
+    inputs = [make_input()]
+    compiled = torch.compile(model, backend=dcr.backend(kind))
+    loss, grads = run_model(compiled, model, inputs, loss_fn, autocast)
+    ref_loss, ref_grads = run_model(ref_model, ref_model, inputs, loss_fn, autocast)
+    # Same ops in fp32 agree to rounding; under bf16 autocast inductor keeps fused pointwise
+    # intermediates in fp32, so the tolerance is that of one bf16 rounding.
+    tol = dict(rtol=2e-2, atol=2e-2) if autocast else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(loss, ref_loss, **tol)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], **tol, msg=lambda m: f"{n}: {m}")
+    if name == "conv_bn":  # buffer mutation (running stats) survives partitioning
+        torch.testing.assert_close(model.bn.running_mean, ref_model.bn.running_mean, **tol)
+    rep = last_report()
+    assert rep.graph_nodes > 0
+    # conservative policy never recomputes compute-intensive ops
+    assert not any(r.startswith(("mm", "addmm", "bmm", "convolution")) for r in rep.recomputed), \
+        rep.recomputed
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_dropout_gradient_uses_the_forward_mask(kind, autocast):
+    fc = nn.Linear(64, 64)
+    x = torch.randn(32, 64, requires_grad=True)
+
+    def f(x):
+        return F.dropout(fc(x), p=0.5, training=True)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = torch.compile(f, backend=dcr.backend(kind))(x)
+    out.float().sum().backward()
+    mask = (out.detach() != 0).to(torch.float32)
+    assert 0.3 < mask.mean() < 0.7
+    w = fc.weight.detach().to(out.dtype).float()
+    expected = (mask * 2.0) @ w  # d(sum dropout(x W^T + b))/dx with the forward's own mask
+    tol = dict(rtol=2e-2, atol=2e-2) if autocast else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, expected, **tol)
+    assert "rand" not in last_report().backward_graph
+
+
+# --- ZeRO-3 marking ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_no_saved_value_is_derived_from_a_parameter_under_autocast(kind):
+    model = GPT(layers=2)
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(model, backend=dcr.backend(kind))(idx)
+    out.float().mean().backward()
+    rep = last_report()
+    assert rep.parameter_aliases, "autocast casts of the weights should have been marked"
+    saved = {v.name for v in rep.saved}
+    assert not saved & set(rep.parameter_aliases), saved & set(rep.parameter_aliases)
+    # every saved value is a parameter itself or does not derive from one through aliases
+    assert all(v.dtype != "bfloat16" or not v.parameter for v in rep.saved)
+
+
+def capture_partition(fn, inputs, config, *, joint_inputs_empty=False, tag=None):
+    """Runs fn through aot_function with our partitioner; returns (out, report)."""
+    part = dcr.make_partition_fn(config)
+
+    def partition(joint, joint_inputs, **kw):
+        if tag is not None:
+            tag(joint)
+        return part(joint, [] if joint_inputs_empty else joint_inputs, **kw)
+
+    nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
+    out = aot_function(fn, fw_compiler=nop, bw_compiler=nop, partition_fn=partition)(*inputs)
+    out.sum().backward()
+    return out, last_report()
+
+
+def linear_bf16(x, w):
+    return (x @ w.to(torch.bfloat16).t()).float().relu()
+
+
+def test_marking_keeps_the_parameter_not_its_downcast_copy():
+    # Without static-lifetime information the weight costs its fp32 bytes, so an unmarked cut
+    # prefers the half-size bf16 copy; marking forbids it and the backward re-casts.
+    x = torch.randn(8, 256, dtype=torch.bfloat16, requires_grad=True)
+    w = nn.Parameter(torch.randn(256, 256))
+    _, marked = capture_partition(linear_bf16, [x, w], RematConfig(parameter_indices=[1]))
+    assert "primals_2" in {v.name for v in marked.saved}
+    assert not {v.name for v in marked.saved} & set(marked.parameter_aliases)
+    grad_marked = w.grad.clone()
+    w.grad = None
+    _, unmarked = capture_partition(
+        linear_bf16, [x, w], RematConfig(parameter_indices=[1], mark_parameter_aliases=False))
+    assert any(v.dtype == "bfloat16" and v.shape == (256, 256) for v in unmarked.saved)
+    torch.testing.assert_close(w.grad, grad_marked)
+
+
+def test_works_with_empty_joint_inputs():
+    x = torch.randn(64, requires_grad=True)
+    capture_partition(lambda x: x.sin().cos(), [x], RematConfig(), joint_inputs_empty=True)
+    torch.testing.assert_close(x.grad, -torch.sin(torch.sin(x.detach())) * torch.cos(x.detach()))
+
+
+# --- checkpoint tags -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_activation_checkpointing_is_honoured(kind):
+    torch.manual_seed(1)
+    block = Block()
+    x = torch.randn(2, 8, 32, requires_grad=True)
+
+    def plain(x):
+        return block(x)
+
+    def checkpointed(x):
+        return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+
+    torch.compile(plain, backend=dcr.backend(kind))(x).sum().backward()
+    plain_rep, g_plain = last_report(), x.grad.clone()
+    x.grad = None
+    torch._dynamo.reset()
+    torch.compile(checkpointed, backend=dcr.backend(kind))(x).sum().backward()
+    ckpt_rep = last_report()
+    torch.testing.assert_close(x.grad, g_plain, rtol=1e-4, atol=1e-5)
+    assert ckpt_rep.saved_activation_bytes < plain_rep.saved_activation_bytes
+    assert any(r.startswith(("mm", "addmm", "bmm")) for r in ckpt_rep.recomputed)
+
+
+def _save_matmuls(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op in (torch.ops.aten.mm.default,
+                                                torch.ops.aten.addmm.default) \
+        else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def test_selective_checkpoint_must_save_tags():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    fc1, fc2 = nn.Linear(32, 32), nn.Linear(32, 32)
+    x = torch.randn(4, 32, requires_grad=True)
+    context_fn = functools.partial(create_selective_checkpoint_contexts, _save_matmuls)
+
+    def f(x):
+        return torch.utils.checkpoint.checkpoint(
+            lambda x: fc2(fc1(x).relu()).relu(), x, use_reentrant=False, context_fn=context_fn)
+
+    torch.compile(f, backend=dcr.backend("eager"))(x).sum().backward()
+    rep = last_report()
+    assert not any(r.startswith(("mm", "addmm")) for r in rep.recomputed), rep.recomputed
+    ref = x.detach().clone().requires_grad_()
+    fc2(fc1(ref).relu()).relu().sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad)
+
+
+# --- dynamic shapes ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_dynamic_shapes(kind):
+    model = MLP()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=dcr.backend(kind), dynamic=True)
+    for batch in (3, 7):
+        x = torch.randn(batch, 5, 32)
+        compiled(x).pow(2).mean().backward()
+        ref(x).pow(2).mean().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
+    rep = last_report()
+    assert any(not isinstance(s, int) for v in rep.saved for s in v.shape), rep.saved
+
+
+# --- determinism ---------------------------------------------------------------------------------
+
+def test_same_graph_same_decision():
+    block = Block()
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    joint = {}
+
+    def keep(gm):
+        joint["gm"] = copy.deepcopy(gm)
+
+    names, params = zip(*block.named_parameters())
+
+    def f(x, *params):
+        return torch.func.functional_call(block, dict(zip(names, params)), (x,))
+
+    capture_partition(f, [x, *params], RematConfig(), tag=keep)
+    first = last_report()
+    for _ in range(2):
+        dcr.partition_fn(copy.deepcopy(joint["gm"]), [], num_fwd_outputs=1)
+        assert [v.name for v in last_report().saved] == [v.name for v in first.saved]
+        assert last_report().saved_sym_names == first.saved_sym_names
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+def test_conflicting_tags_name_the_fx_chain():
+    def must_save_the_cast(gm):
+        for node in gm.graph.nodes:
+            if node.target == torch.ops.aten._to_copy.default and node.args[0].name == "primals_2":
+                node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+                node.meta["ac_graph_id"] = 0
+
+    x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
+    w = nn.Parameter(torch.randn(64, 64))
+    with pytest.raises(dcr.PartitionConflictError) as err:
+        capture_partition(linear_bf16, [x, w], RematConfig(parameter_indices=[1]),
+                          tag=must_save_the_cast)
+    msg = str(err.value)
+    assert "_to_copy" in msg and "MUST_SAVE" in msg and "ZeRO-3" in msg, msg
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="policy"):
+        RematConfig(policy="agressive")
+    with pytest.raises(ValueError, match="'polcy'"):
+        RematConfig.from_dict({"polcy": "aggressive"})
+    with pytest.raises(ValueError, match=r"parameter_indices\[1\]"):
+        RematConfig(parameter_indices=[0, -1])
+    with pytest.raises(ValueError, match="kind"):
+        dcr.backend("eagr")
+    with pytest.raises(TypeError, match="RematConfig"):
+        dcr.make_partition_fn({"policy": "aggressive"})
+
+
+def test_aggressive_policy_recomputes_more():
+    model = GPT(layers=2)
+    idx = torch.randint(0, 64, (2, 16))
+    results = {}
+    for policy in ("conservative", "aggressive"):
+        torch._dynamo.reset()
+        m = copy.deepcopy(model)
+        torch.compile(m, backend=dcr.backend("eager", RematConfig(policy=policy)))(idx).mean().backward()
+        results[policy] = last_report()
+    assert results["aggressive"].saved_activation_bytes <= results["conservative"].saved_activation_bytes
+    assert not any(r.startswith(("mm", "addmm", "bmm")) for r in results["aggressive"].recomputed)
