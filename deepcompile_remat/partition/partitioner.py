@@ -33,7 +33,6 @@ def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig) -> N
         from torch._functorch.compile_utils import fx_graph_cse
 
         joint_module.graph = fx_graph_cse(joint_module.graph)
-    joint_module.recompile()
     from torch._functorch import partitioners as tp
 
     # torch's rules that must hold for correctness, whatever the cut: effectful ops and the
@@ -65,6 +64,10 @@ def _saved_value(node: fx.Node, parameter: bool) -> report.SavedValue:
     return report.SavedValue(node.name, (), type(val).__name__, 0, parameter)
 
 
+def _ops_of(gm: fx.GraphModule) -> tuple[str, ...]:
+    return tuple(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+
 def partition_joint_graph(
     joint_module: fx.GraphModule,
     joint_inputs: Sequence[Any],
@@ -74,8 +77,21 @@ def partition_joint_graph(
     static_lifetime_input_indices: Optional[Sequence[int]] = None,
     parameter_indices: Optional[Sequence[int]] = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
-    t0 = time.perf_counter()
+    # Lazy GraphModules (as inductor compiles them): code is generated on first call, not here.
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    with _use_lazy_graph_module(True):
+        return _partition_joint_graph(
+            joint_module, num_fwd_outputs=num_fwd_outputs, config=config,
+            static_lifetime_input_indices=static_lifetime_input_indices,
+            parameter_indices=parameter_indices)
+
+
+def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_lifetime_input_indices,
+                           parameter_indices):
+    t_start = time.perf_counter()
     _prepare_joint_graph(joint_module, config)
+    t0 = time.perf_counter()
     static = list(static_lifetime_input_indices or ())
     if parameter_indices is None:
         parameter_indices = config.parameter_indices
@@ -114,8 +130,8 @@ def partition_joint_graph(
         recomputed=recomputed,
         parameter_aliases=tuple(graph.nodes[i].name
                                 for i in np.flatnonzero(node_info & _PARAMETER_ALIAS)),
-        export_s=t1 - t0, solve_s=t2 - t1, extract_s=t3 - t2,
-        forward_graph=str(fw_module.graph), backward_graph=str(bw_module.graph))
+        prepare_s=t0 - t_start, export_s=t1 - t0, solve_s=t2 - t1, extract_s=t3 - t2,
+        forward_ops=_ops_of(fw_module), backward_ops=_ops_of(bw_module))
     report.record(rep, config.keep_reports)
     return fw_module, bw_module
 

@@ -26,11 +26,12 @@ class PartitionReport:
     saved_sym_names: tuple[str, ...]
     recomputed: tuple[str, ...]  # forward nodes the backward computes again
     parameter_aliases: tuple[str, ...]  # nodes marked must-recompute by the ZeRO-3 rule
-    export_s: float
-    solve_s: float
-    extract_s: float
-    forward_graph: str = field(repr=False, default="")
-    backward_graph: str = field(repr=False, default="")
+    prepare_s: float  # DCE, CSE, torch's force-save rules
+    export_s: float  # FX graph -> arrays
+    solve_s: float  # C++: flow network + min cut
+    extract_s: float  # torch's module extraction
+    forward_ops: tuple[str, ...] = field(repr=False, default=())  # call targets, graph order
+    backward_ops: tuple[str, ...] = field(repr=False, default=())
 
     @property
     def saved_bytes(self) -> int:
@@ -46,7 +47,8 @@ class PartitionReport:
                 f"{len(self.saved)} tensors / {self.saved_bytes} bytes "
                 f"({self.saved_activation_bytes} non-parameter), {len(self.saved_sym_names)} "
                 f"symints, recomputed {len(self.recomputed)} ops, "
-                f"{len(self.parameter_aliases)} parameter aliases; export "
+                f"{len(self.parameter_aliases)} parameter aliases; prepare "
+                f"{self.prepare_s * 1e3:.1f} ms, export "
                 f"{self.export_s * 1e3:.1f} ms, solve {self.solve_s * 1e3:.1f} ms, extract "
                 f"{self.extract_s * 1e3:.1f} ms")
 

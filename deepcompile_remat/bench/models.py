@@ -1,4 +1,4 @@
-"""Small models shared by the partition and runtime tests (a zoo of common layers)."""
+"""GPT-style and other small models for benchmarks and tests (a zoo of common layers)."""
 import math
 
 import torch

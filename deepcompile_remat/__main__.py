@@ -1,0 +1,5 @@
+import sys
+
+from deepcompile_remat.cli import main
+
+sys.exit(main())
