@@ -156,13 +156,12 @@ def transformer_joint_graph(num_layers: int, seed: int = 0) -> JointGraph:
     for _ in range(num_layers):
         x = _forward_layer(b, x, dims)
     _mirror_backward(b, x)
-    as_i64 = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
     return JointGraph(
         node_costs=np.asarray(b.costs, dtype=np.float64),
-        edge_tails=as_i64(b.tails),
-        edge_heads=as_i64(b.heads),
-        source_nodes=as_i64(b.sources),
-        sink_nodes=as_i64(b.sinks),
+        edge_tails=np.asarray(b.tails, dtype=np.int64),
+        edge_heads=np.asarray(b.heads, dtype=np.int64),
+        source_nodes=np.asarray(b.sources, dtype=np.int64),
+        sink_nodes=np.asarray(b.sinks, dtype=np.int64),
         num_layers=num_layers,
     )
 
