@@ -1,0 +1,1 @@
+"""Benchmarks behind the `deepcompile-remat bench-*` commands, and their synthetic graphs."""

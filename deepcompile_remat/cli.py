@@ -1,0 +1,38 @@
+"""The `deepcompile-remat` console command.
+
+Each subcommand lives in its own module, which names itself (NAME) and provides
+add_arguments(parser) and run(args) -> exit status; the first line of run's docstring is the
+help text. Adding a subcommand is two lines here: import its module and add it to SUBCOMMANDS.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from deepcompile_remat.bench import solver as bench_solver
+
+SUBCOMMANDS = {
+    bench_solver.NAME: (bench_solver.add_arguments, bench_solver.run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="deepcompile-remat", description="deepcompile_remat command-line tools")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (add_arguments, run) in SUBCOMMANDS.items():
+        summary = (run.__doc__ or "").strip().splitlines()[0] if run.__doc__ else None
+        sub = commands.add_parser(name, help=summary, description=summary)
+        add_arguments(sub)
+        sub.set_defaults(run=run)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
