@@ -10,10 +10,12 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from deepcompile_remat.bench import partition as bench_partition
 from deepcompile_remat.bench import solver as bench_solver
 
 SUBCOMMANDS = {
     bench_solver.NAME: (bench_solver.add_arguments, bench_solver.run),
+    bench_partition.NAME: (bench_partition.add_arguments, bench_partition.run),
 }
 
 

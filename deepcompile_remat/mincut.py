@@ -51,6 +51,9 @@ def _int_array(name: str, values: ArrayLike) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"{name} must hold integer node ids, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64 and arr.max() > np.iinfo(np.int64).max:
+        i = int(np.argmax(arr > np.iinfo(np.int64).max))
+        raise ValueError(f"{name}[{i}] = {int(arr[i])} is out of range (exceeds int64)")
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
@@ -82,7 +85,7 @@ def min_st_cut(
     source: int,
     sink: int,
     *,
-    algorithm: str = "boykov_kolmogorov",
+    algorithm: str = "dinic",
 ) -> MinCut:
     """Minimum cut separating `source` from `sink` on arcs ``tails[i] -> heads[i]``.
 
@@ -142,7 +145,7 @@ def min_node_cut(
     source_nodes: ArrayLike,
     sink_nodes: ArrayLike,
     *,
-    algorithm: str = "boykov_kolmogorov",
+    algorithm: str = "dinic",
 ) -> tuple[float, np.ndarray]:
     """Cheapest set of nodes separating `source_nodes` from `sink_nodes`: (cost, node ids)."""
     net = split_network(node_costs, edge_tails, edge_heads, source_nodes, sink_nodes)

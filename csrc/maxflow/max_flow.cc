@@ -370,8 +370,9 @@ void ValidateFlowInput(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> hea
   check_node("sink", sink);
   if (source == sink) fail("source and sink must differ; both are " + std::to_string(source));
   for (size_t i = 0; i < tails.size; ++i) {
-    check_node(ArcName("tails", i), tails[i]);
-    check_node(ArcName("heads", i), heads[i]);
+    // Names are built only on failure: this loop runs over every arc of every solve.
+    if (tails[i] < 0 || tails[i] >= num_nodes) check_node(ArcName("tails", i), tails[i]);
+    if (heads[i] < 0 || heads[i] >= num_nodes) check_node(ArcName("heads", i), heads[i]);
     const double c = capacities[i];
     if (std::isnan(c)) fail(ArcName("capacities", i) + " is NaN");
     if (c < 0.0) {

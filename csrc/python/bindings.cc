@@ -57,7 +57,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("num_nodes"), py::arg("tails"), py::arg("heads"), py::arg("capacities"),
       py::arg("source"), py::arg("sink"),
-      py::arg("algorithm") = MaxFlowAlgorithm::kBoykovKolmogorov,
+      py::arg("algorithm") = MaxFlowAlgorithm::kDinic,
       "Minimum s-t cut; returns (value, flow_value, source_side uint8[n], cut_arcs int64[k]).");
 
   m.def(

@@ -14,6 +14,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
+NAME = "bench-partition"
 DEFAULT_LAYERS = (2, 8, 24, 48)
 
 
@@ -181,6 +182,7 @@ def format_table(rows: list[PartitionRow]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Time our partition_fn against torch's min-cut partitioner on GPT joint graphs."""
     rows = []
     for layers in args.layers:
         rows.append(bench_one(layers, d_model=args.d_model, seq=args.seq,

@@ -13,7 +13,7 @@ def test_bench_solver_table(capsys):
     assert cli.main(["bench-solver", "--max-nodes", "1000"]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[0].split()
-    assert header[:2] == ["nodes", "arcs"] and "dinic" in header and header[-1] == "agree"
+    assert header[:2] == ["nodes", "arcs"] and "bk" in header and header[-1] == "agree"
     rows = [line for line in lines[2:] if line and line[0] in " 0123456789"]
     assert len(rows) == 1
     assert rows[0].split()[-1] == "yes"
@@ -28,7 +28,7 @@ def test_bench_solver_json(capsys):
     assert row["agree"] is True
     assert 900 <= row["nodes"] <= 1100 and row["flow_nodes"] == 2 * row["nodes"] + 2
     assert row["arcs"] > row["nodes"] and row["cut_value"] > 0
-    assert row["ours_ms"] > 0 and row["dinic_ms"] > 0 and row["networkx_ms"] > 0
+    assert row["ours_ms"] > 0 and row["bk_ms"] > 0 and row["networkx_ms"] > 0
     assert row["ratio"] == pytest.approx(row["networkx_ms"] / row["ours_ms"])
 
 
