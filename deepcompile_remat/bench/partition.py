@@ -183,6 +183,8 @@ def format_table(rows: list[PartitionRow]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Time our partition_fn against torch's min-cut partitioner on GPT joint graphs."""
+    # Warm-up: first calls pay imports and op-table construction; time neither of those.
+    bench_one(1, d_model=args.d_model, seq=args.seq, autocast=args.autocast, policy=args.policy)
     rows = []
     for layers in args.layers:
         rows.append(bench_one(layers, d_model=args.d_model, seq=args.seq,
