@@ -23,6 +23,9 @@ class RematConfig:
     parameter_indices: Optional[Sequence[int]] = None
     """Primal indices that are parameters; None: taken from the backend (nn.Parameter inputs)
     or, failing that, AOTAutograd's static_lifetime_input_indices."""
+    cast_before_gather: bool = True
+    """ZeRO-3: a gather whose full-precision result is only downcast gathers the downcast
+    shards instead (half the bytes; no fp32 full weight)."""
     cse: bool = True
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = 1000
@@ -37,6 +40,9 @@ class RematConfig:
         if not isinstance(self.mark_parameter_aliases, bool):
             raise ValueError("RematConfig.mark_parameter_aliases must be a bool, got "
                              f"{type(self.mark_parameter_aliases).__name__}")
+        if not isinstance(self.cast_before_gather, bool):
+            raise ValueError("RematConfig.cast_before_gather must be a bool, got "
+                             f"{type(self.cast_before_gather).__name__}")
         if not isinstance(self.cse, bool):
             raise ValueError(f"RematConfig.cse must be a bool, got {type(self.cse).__name__}")
         if self.parameter_indices is not None:

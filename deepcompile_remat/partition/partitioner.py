@@ -33,6 +33,10 @@ def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig) -> N
         from torch._functorch.compile_utils import fx_graph_cse
 
         joint_module.graph = fx_graph_cse(joint_module.graph)
+    if config.cast_before_gather and _has_gathers(joint_module):
+        from deepcompile_remat.zero3.passes import cast_before_gather
+
+        cast_before_gather(joint_module)
     from torch._functorch import partitioners as tp
 
     # torch's rules that must hold for correctness, whatever the cut: effectful ops and the
@@ -41,6 +45,24 @@ def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig) -> N
         fn = getattr(tp, rule, None)
         if fn is not None:
             fn(joint_module)
+
+
+def _has_gathers(gm: fx.GraphModule) -> bool:
+    return any(isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "dcr"
+               for n in gm.graph.nodes)
+
+
+def _collectives_of(tag: str, gm: fx.GraphModule) -> tuple[str, ...]:
+    """'fw|bw:op:dtype:numel' for each collective node: what crosses the wire, per graph."""
+    out = []
+    for n in gm.graph.nodes:
+        if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace in (
+                "dcr", "_c10d_functional"):
+            val = n.meta.get("val")
+            desc = f"{str(val.dtype).replace('torch.', '')}:{val.numel()}" \
+                if isinstance(val, torch.Tensor) else "?"
+            out.append(f"{tag}:{n.target.name()}:{desc}")
+    return tuple(out)
 
 
 def _conflict_message(err: Exception, graph: fx_export.ExportedJointGraph) -> str:
@@ -131,7 +153,8 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
         parameter_aliases=tuple(graph.nodes[i].name
                                 for i in np.flatnonzero(node_info & _PARAMETER_ALIAS)),
         prepare_s=t0 - t_start, export_s=t1 - t0, solve_s=t2 - t1, extract_s=t3 - t2,
-        forward_ops=_ops_of(fw_module), backward_ops=_ops_of(bw_module))
+        forward_ops=_ops_of(fw_module), backward_ops=_ops_of(bw_module),
+        collectives=_collectives_of("fw", fw_module) + _collectives_of("bw", bw_module))
     report.record(rep, config.keep_reports)
     return fw_module, bw_module
 

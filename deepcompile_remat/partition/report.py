@@ -32,6 +32,7 @@ class PartitionReport:
     extract_s: float  # torch's module extraction
     forward_ops: tuple[str, ...] = field(repr=False, default=())  # call targets, graph order
     backward_ops: tuple[str, ...] = field(repr=False, default=())
+    collectives: tuple[str, ...] = ()  # "fw|bw:op:dtype:numel" per gather / reduce-scatter
 
     @property
     def saved_bytes(self) -> int:

@@ -1,0 +1,123 @@
+"""The ZeRO-3 collectives as torch.library custom ops, so torch.compile traces them as nodes.
+
+    full = torch.ops.dcr.allgather_cast(shard, world_size, group_name, dtype)
+        the flat, padded full parameter (world_size * shard.numel() elements) in `dtype`
+        (None: the shard's dtype). Each rank casts its shard straight into its own slot of the
+        output, then the slots are all-gathered in place: a downcast gather moves half the bytes
+        and no full-precision copy of the weight ever exists.
+        Backward: reduce_scatter_grad of the gradient (cast back to the shard's dtype).
+    grad_shard = torch.ops.dcr.reduce_scatter_grad(full_grad, world_size, group_name)
+        the average over ranks of each rank's full gradient, this rank's slot only (data
+        parallel: the mean over the global batch when each rank's loss is a local mean).
+
+Fake implementations give shapes for tracing; the process group is named by its group_name
+(resolved on every call, so graphs hold no Python objects). The CUDA path uses the fused
+kernels of deepcompile_remat.ops when they were built, else torch's own cast + collective.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+_lib_lock = threading.Lock()
+
+
+class CommStats:
+    """Bytes this process sent and received through the ops (for the measurements)."""
+
+    allgather_bytes = 0
+    reduce_scatter_bytes = 0
+    allgather_calls = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.allgather_bytes = cls.reduce_scatter_bytes = cls.allgather_calls = 0
+
+
+def resolve_group(group_name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name)
+
+
+def _cast_into_slot(shard: torch.Tensor, out: torch.Tensor, rank: int) -> torch.Tensor:
+    slot = out.view(-1, shard.numel())[rank]
+    if shard.device.type == "cpu" and _cpu_cast_available(shard.dtype, out.dtype):
+        from deepcompile_remat import _C
+
+        _C.cast_fp32_into(shard.detach().numpy(), out.view(torch.int16).numpy(),
+                          rank * shard.numel(), str(out.dtype).replace("torch.", ""))
+    else:
+        slot.copy_(shard)  # a cast, written straight into the slot
+    return slot
+
+
+def _cpu_cast_available(src: torch.dtype, dst: torch.dtype) -> bool:
+    if src != torch.float32 or dst not in (torch.bfloat16, torch.float16):
+        return False
+    from deepcompile_remat import _C
+
+    return hasattr(_C, "cast_fp32_into")
+
+
+@torch.library.custom_op("dcr::allgather_cast", mutates_args=())
+def allgather_cast(shard: torch.Tensor, world_size: int, group_name: str,
+                   dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    dtype = shard.dtype if dtype is None else dtype
+    out = shard.new_empty(world_size * shard.numel(), dtype=dtype)
+    if world_size == 1:
+        out.copy_(shard.reshape(-1))
+        return out
+    group = resolve_group(group_name)
+    rank = dist.get_rank(group)
+    if shard.is_cuda:
+        from deepcompile_remat import ops as cuda_ops
+
+        if cuda_ops.cuda_available():
+            return cuda_ops.allgather_cast([shard], [out], dtype=dtype, group=group)[0]
+    slot = _cast_into_slot(shard.reshape(-1), out, rank)
+    dist.all_gather_into_tensor(out, slot, group=group)  # in place: the slot is out's own
+    CommStats.allgather_bytes += out.numel() * out.element_size() * (world_size - 1) // world_size
+    CommStats.allgather_calls += 1
+    return out
+
+
+@allgather_cast.register_fake
+def _(shard, world_size, group_name, dtype=None):
+    return shard.new_empty(world_size * shard.numel(), dtype=shard.dtype if dtype is None else dtype)
+
+
+@torch.library.custom_op("dcr::reduce_scatter_grad", mutates_args=())
+def reduce_scatter_grad(full_grad: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+    full_grad = full_grad.contiguous()
+    if world_size == 1:
+        return full_grad.clone()
+    group = resolve_group(group_name)
+    out = full_grad.new_empty(full_grad.numel() // world_size)
+    # Gloo has no AVG reduction: sum, then divide.
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    scatter(out, full_grad, group=group)
+    out.div_(world_size)
+    CommStats.reduce_scatter_bytes += full_grad.numel() * full_grad.element_size() * (world_size - 1) // world_size
+    return out
+
+
+@reduce_scatter_grad.register_fake
+def _(full_grad, world_size, group_name):
+    return full_grad.new_empty(full_grad.numel() // world_size)
+
+
+def _setup_context(ctx, inputs, output):
+    shard, world_size, group_name, _ = inputs
+    ctx.world_size, ctx.group_name, ctx.shard_dtype = world_size, group_name, shard.dtype
+
+
+def _backward(ctx, grad):
+    grad = grad.to(ctx.shard_dtype)
+    return torch.ops.dcr.reduce_scatter_grad(grad, ctx.world_size, ctx.group_name), None, None, None
+
+
+allgather_cast.register_autograd(_backward, setup_context=_setup_context)
