@@ -1,0 +1,32 @@
+"""Runs a test function on N ranks over gloo (spawned processes, a free local port)."""
+import os
+import socket
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args):
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = False
+    functorch_config.enable_autograd_cache = False
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, world: int = 2, *args) -> None:
+    """fn(rank, world, *args) on `world` processes; an assertion on any rank fails the test."""
+    mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=True)

@@ -1,0 +1,181 @@
+"""The ZeRO-3 runtime on 2 CPU ranks over gloo: training matches one unsharded process,
+saved values are shards only, cast-before-gather, and clear errors on bad input."""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import deepcompile_remat as dcr
+from deepcompile_remat import zero3
+from deepcompile_remat.bench.models import GPT, MLP
+from dist_utils import run_ranks
+
+STEPS, GLOBAL_BATCH = 3, 4
+
+
+def _loss(out):
+    return out.float().logsumexp(-1).mean()
+
+
+def _train(model, step_inputs, autocast, run=None):
+    run = model if run is None else run
+    # eps well above float noise: some gradients are zero in exact arithmetic (the key bias
+    # under softmax) and Adam would otherwise turn their rounding noise into full-size steps.
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, eps=1e-4)
+    losses = []
+    for idx in step_inputs:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = _loss(run(idx))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return losses
+
+
+def _train_and_compare(rank, world, kind, autocast):
+    torch.manual_seed(0)
+    model = GPT(layers=2)
+    reference = copy.deepcopy(model)
+    batches = [torch.randint(0, 64, (GLOBAL_BATCH, 16)) for _ in range(STEPS)]
+    per_rank = GLOBAL_BATCH // world
+    local = [b[rank * per_rank:(rank + 1) * per_rank] for b in batches]
+
+    zero3.shard(model)
+    run = model if kind == "uncompiled" else torch.compile(model, backend=dcr.backend(kind))
+    losses = _train(model, local, autocast, run)
+    ref_losses = _train(reference, batches, autocast)
+
+    tol = dict(rtol=3e-2, atol=3e-2) if autocast else dict(rtol=1e-4, atol=1e-5)
+    for step, (mine, ref) in enumerate(zip(losses, ref_losses)):
+        dist.all_reduce(mine)
+        torch.testing.assert_close(mine / world, ref, **tol, msg=lambda m: f"step {step}: {m}")
+    full = model.state_dict()  # gathered on every rank
+    for name, ref in reference.state_dict().items():
+        torch.testing.assert_close(full[name], ref, **tol, msg=lambda m: f"{name}: {m}")
+
+    if kind != "uncompiled":
+        shard_sizes = {p.numel() for p in model.parameters()}
+        for rep in dcr.reports():
+            saved = {v.name for v in rep.saved}
+            assert rep.parameter_aliases and not saved & set(rep.parameter_aliases)
+            for v in rep.saved:  # parameters reach the backward as shards, never gathered
+                if v.parameter:
+                    assert len(v.shape) == 1 and v.shape[0] in shard_sizes, v
+            assert any(c.startswith("bw:dcr::allgather_cast") for c in rep.collectives), \
+                "the backward should re-gather"
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["eager", "inductor", "uncompiled"])
+def test_two_rank_training_matches_single_process(kind, autocast):
+    run_ranks(_train_and_compare, 2, kind, autocast)
+
+
+def _gathers_are_downcast(rank, world, kind):
+    torch.manual_seed(0)
+    model = zero3.shard(MLP(d=24))  # Linear layers only: every weight is used in bf16 only
+    x = torch.randn(4, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(model, backend=dcr.backend(kind))(x)
+    out.float().sum().backward()
+    rep = dcr.reports()[-1]
+    gathers = [c for c in rep.collectives if ":dcr::allgather_cast:" in c]
+    assert gathers and all(":bfloat16:" in c for c in gathers), gathers
+    assert any(c.startswith("bw:") for c in gathers), gathers
+    zero3.CommStats.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.compile(model, backend=dcr.backend(kind))(x).float().sum().backward()
+    # What crossed the wire is what the graphs say: bf16, 2 bytes per received element
+    # (forward gathers plus the backward's re-gathers of the weights it needs).
+    received = sum(int(c.split(":")[-1]) * (world - 1) // world for c in gathers)
+    assert zero3.CommStats.allgather_bytes == 2 * received
+
+
+@pytest.mark.parametrize("kind", ["eager", "inductor"])
+def test_cast_before_gather_under_autocast(kind):
+    run_ranks(_gathers_are_downcast, 2, kind)
+
+
+class TiedOddFrozen(nn.Module):
+    """Tied embedding/head, odd sizes that do not split evenly, and a frozen parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(13, 7)
+        self.mid = nn.Linear(7, 5)
+        self.out = nn.Linear(5, 7)
+        self.frozen = nn.Parameter(torch.randn(3), requires_grad=False)
+        self.head = nn.Linear(7, 13, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        h = self.out(torch.tanh(self.mid(self.emb(idx)))) + self.frozen.sum()
+        return self.head(h)
+
+
+def _tied_odd_frozen(rank, world, kind):
+    torch.manual_seed(0)
+    model = TiedOddFrozen()
+    reference = copy.deepcopy(model)
+    batches = [torch.randint(0, 13, (4, 5)) for _ in range(STEPS)]
+    local = [b[rank * 2:(rank + 1) * 2] for b in batches]
+    zero3.shard(model)
+    assert sum(1 for _ in model.parameters()) == 6  # 7 attributes, the tied pair is one shard
+    assert not model.frozen.requires_grad
+    run = model if kind == "uncompiled" else torch.compile(model, backend=dcr.backend(kind))
+    _train(model, local, False, run)
+    _train(reference, batches, False)
+    full = model.state_dict()
+    for name, ref in reference.state_dict().items():
+        torch.testing.assert_close(full[name], ref, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    # loading full tensors re-shards them
+    fresh = TiedOddFrozen()
+    zero3.shard(fresh)
+    fresh.load_state_dict(reference.state_dict())
+    for name, ref in reference.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[name], ref)
+
+
+@pytest.mark.parametrize("kind", ["uncompiled", "eager"])
+def test_tied_odd_and_frozen_parameters(kind):
+    run_ranks(_tied_odd_frozen, 2, kind)
+
+
+def test_world_size_one():
+    run_ranks(_train_and_compare, 1, "eager", False)
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+def test_uninitialized_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="not initialized"):
+        zero3.shard(MLP())
+
+
+def _mismatched_models(rank, world):
+    model = MLP(d=16 if rank == 0 else 24)
+    with pytest.raises(ValueError, match="ranks disagree on parameter #0"):
+        zero3.shard(model)
+
+
+def test_ranks_with_different_models():
+    run_ranks(_mismatched_models, 2)
+
+
+def _changed_after_shard(rank, world):
+    model = zero3.shard(MLP(d=8))
+    model.fc1.weight = nn.Parameter(torch.randn(32, 8))
+    with pytest.raises(RuntimeError, match="'weight' of .*Linear changed after shard"):
+        model(torch.randn(2, 8))
+    with pytest.raises(ValueError, match="fc2.weight has shape"):
+        model.load_state_dict({"fc2.weight": torch.randn(3, 3)}, strict=False)
+    with pytest.raises(ValueError, match="already sharded"):
+        zero3.shard(model)
+
+
+def test_parameters_changed_after_sharding():
+    run_ranks(_changed_after_shard, 2)
