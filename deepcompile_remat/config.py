@@ -26,6 +26,15 @@ class RematConfig:
     cast_before_gather: bool = True
     """ZeRO-3: a gather whose full-precision result is only downcast gathers the downcast
     shards instead (half the bytes; no fp32 full weight)."""
+    schedule_gathers: bool = True
+    """ZeRO-3: place each gather just before its first use, prefetch within the budget, and
+    bucket small gathers (csrc/schedule)."""
+    max_prefetch: int = 2
+    """How many compute steps ahead a gather may be issued."""
+    prefetch_budget_bytes: float = -1.0
+    """Simulated peak a prefetch may reach; < 0: no higher than without prefetch."""
+    bucket_bytes: int = 1 << 16
+    """Gathers of at most this many bytes that land at one point share one collective."""
     cse: bool = True
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = 1000
@@ -52,6 +61,15 @@ class RematConfig:
                     raise ValueError(
                         f"RematConfig.parameter_indices[{i}] must be a non-negative int, got {v!r}")
             object.__setattr__(self, "parameter_indices", idx)
+        for name in ("schedule_gathers",):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RematConfig.{name} must be a bool")
+        for name in ("max_prefetch", "bucket_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"RematConfig.{name} must be an int >= 0, got {v!r}")
+        if not isinstance(self.prefetch_budget_bytes, (int, float)):
+            raise ValueError("RematConfig.prefetch_budget_bytes must be a number")
         if not isinstance(self.keep_reports, int) or self.keep_reports < 0:
             raise ValueError(f"RematConfig.keep_reports must be an int >= 0, got {self.keep_reports!r}")
 

@@ -13,6 +13,7 @@ namespace py = pybind11;
 namespace dcr::python {
 void BindPartition(py::module_& m);  // partition_bindings.cc
 void BindKernels(py::module_& m);    // kernel_bindings.cc
+void BindSchedule(py::module_& m);   // schedule_bindings.cc
 }  // namespace dcr::python
 
 PYBIND11_MODULE(_C, m) {
@@ -79,4 +80,5 @@ PYBIND11_MODULE(_C, m) {
 
   dcr::python::BindPartition(m);
   dcr::python::BindKernels(m);
+  dcr::python::BindSchedule(m);
 }

@@ -59,8 +59,10 @@ def _collectives_of(tag: str, gm: fx.GraphModule) -> tuple[str, ...]:
         if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace in (
                 "dcr", "_c10d_functional"):
             val = n.meta.get("val")
-            desc = f"{str(val.dtype).replace('torch.', '')}:{val.numel()}" \
-                if isinstance(val, torch.Tensor) else "?"
+            vals = val if isinstance(val, (list, tuple)) else [val]
+            tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+            desc = (f"{str(tensors[0].dtype).replace('torch.', '')}:"
+                    f"{sum(t.numel() for t in tensors)}") if tensors else "?"
             out.append(f"{tag}:{n.target.name()}:{desc}")
     return tuple(out)
 
@@ -137,6 +139,17 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
     fw_module, bw_module = extract.extract_fwd_bwd_modules(
         joint_module, saved_tensors, saved_sym, saved_opaque, num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_nodes=static_nodes)
+    schedule = ()
+    if config.schedule_gathers and _has_gathers(joint_module):
+        from deepcompile_remat.zero3.schedule import schedule_gathers
+
+        shard_names = {graph.nodes[i].name
+                       for i in np.flatnonzero(graph.flags & fx_export.NodeFlag.PARAMETER)}
+        schedule = tuple(
+            {"graph": tag, **schedule_gathers(
+                module, persistent_names=shard_names, max_prefetch=config.max_prefetch,
+                budget_bytes=config.prefetch_budget_bytes, bucket_bytes=config.bucket_bytes)}
+            for tag, module in (("fw", fw_module), ("bw", bw_module)))
     t3 = time.perf_counter()
 
     flags = graph.flags
@@ -154,7 +167,8 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
                                 for i in np.flatnonzero(node_info & _PARAMETER_ALIAS)),
         prepare_s=t0 - t_start, export_s=t1 - t0, solve_s=t2 - t1, extract_s=t3 - t2,
         forward_ops=_ops_of(fw_module), backward_ops=_ops_of(bw_module),
-        collectives=_collectives_of("fw", fw_module) + _collectives_of("bw", bw_module))
+        collectives=_collectives_of("fw", fw_module) + _collectives_of("bw", bw_module),
+        schedule=schedule)
     report.record(rep, config.keep_reports)
     return fw_module, bw_module
 

@@ -121,3 +121,36 @@ def _backward(ctx, grad):
 
 
 allgather_cast.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("dcr::allgather_cast_bucket", mutates_args=())
+def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_name: str,
+                          dtype: Optional[torch.dtype] = None) -> list[torch.Tensor]:
+    """One collective for a bucket of small parameters: every shard is cast into this rank's
+    slot of one buffer, the buffer is gathered once, and each full parameter is copied out.
+    Used by the schedule (zero3/schedule.py) inside already-differentiated graphs: no autograd."""
+    dtype = shards[0].dtype if dtype is None else dtype
+    sizes = [s.numel() for s in shards]
+    total = sum(sizes)
+    buf = shards[0].new_empty(world_size * total, dtype=dtype)
+    rows = buf.view(world_size, total)
+    rank = 0 if world_size == 1 else dist.get_rank(resolve_group(group_name))
+    offset = 0
+    for s, n in zip(shards, sizes):
+        rows[rank, offset:offset + n].copy_(s.reshape(-1))
+        offset += n
+    if world_size > 1:
+        dist.all_gather_into_tensor(buf, rows[rank], group=resolve_group(group_name))
+        CommStats.allgather_bytes += buf.numel() * buf.element_size() * (world_size - 1) // world_size
+        CommStats.allgather_calls += 1
+    outs, offset = [], 0
+    for n in sizes:
+        outs.append(rows[:, offset:offset + n].reshape(-1).clone())
+        offset += n
+    return outs
+
+
+@allgather_cast_bucket.register_fake
+def _(shards, world_size, group_name, dtype=None):
+    return [s.new_empty(world_size * s.numel(), dtype=s.dtype if dtype is None else dtype)
+            for s in shards]

@@ -1,0 +1,42 @@
+// Liveness and memory timeline of a node order: which values are alive after each step and the
+// peak. The ZeRO-3 schedule (schedule/regather_schedule.h) compares candidate orders with it.
+//
+// Model. Executing order[k] allocates bytes[v] for its result. A value is freed right after
+// the last step that reads it or any of its aliases (views share their base's storage, so
+// alias_of[v] = base; aliases allocate nothing). Graph inputs are alive from the start and freed
+// at their last use unless `persistent` (e.g. parameter shards: the module holds them); values
+// marked `keep` (graph outputs) are never freed. This is how FX- and inductor-generated code
+// releases buffers, so the simulated peak tracks the allocator's peak up to fragmentation.
+//
+// Complexity O(n + m). Deterministic.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/span.h"
+
+namespace dcr {
+
+struct MemoryGraph {
+  int64_t num_nodes = 0;
+  Span<double> bytes;
+  Span<int64_t> alias_of;    // base node or -1
+  Span<uint8_t> is_input;    // alive before step 0
+  Span<uint8_t> persistent;  // never freed (inputs held elsewhere)
+  Span<uint8_t> keep;        // never freed (graph outputs)
+  Span<int64_t> edge_tails;  // producer
+  Span<int64_t> edge_heads;  // consumer
+};
+
+struct MemoryTimeline {
+  double peak_bytes = 0.0;
+  int64_t peak_step = -1;            // index into order; -1 if the peak is before step 0
+  std::vector<double> live_after;    // live bytes after each step
+};
+
+// `order` must list every non-input node exactly once, producers before consumers
+// (std::invalid_argument otherwise, naming the step).
+MemoryTimeline SimulateMemory(const MemoryGraph& g, Span<int64_t> order);
+
+}  // namespace dcr

@@ -1,0 +1,132 @@
+"""Applies the C++ re-gather schedule (csrc/schedule) to a forward or backward FX graph.
+
+Gathers and the views/casts that only reshape them are moved to just before their first use,
+then prefetched as far as the memory budget allows; small gathers that land at one point
+become one bucketed collective (dcr::allgather_cast_bucket). Every rank computes the same
+order from the same graph, so collectives line up.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Iterable
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from deepcompile_remat import _C
+from deepcompile_remat.partition.fx_export import value_bytes
+from deepcompile_remat.zero3.passes import gather_dtype, is_allgather_cast
+
+
+def _is_alias(node: fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return True
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+
+
+def _is_reshape_or_cast(node: fx.Node) -> bool:
+    if _is_alias(node):
+        return True
+    return node.op == "call_function" and node.target in (
+        torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)
+
+
+def memory_arrays(gm: fx.GraphModule, persistent_names: Iterable[str] = ()):
+    """The graph as memsim arrays: (nodes, bytes, alias_of, is_input, persistent, keep, tails, heads)."""
+    persistent_names = set(persistent_names)
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    ids = {n: i for i, n in enumerate(nodes)}
+    n = len(nodes)
+    nbytes = np.zeros(n)
+    alias_of = np.full(n, -1, dtype=np.int64)
+    is_input = np.zeros(n, dtype=np.uint8)
+    persistent = np.zeros(n, dtype=np.uint8)
+    keep = np.zeros(n, dtype=np.uint8)
+    tails, heads = [], []
+    for i, node in enumerate(nodes):
+        is_input[i] = node.op in ("placeholder", "get_attr")
+        persistent[i] = node.op == "get_attr" or node.name in persistent_names
+        if _is_alias(node) and isinstance(node.args[0], fx.Node):
+            alias_of[i] = ids[node.args[0]]
+        else:
+            nbytes[i] = value_bytes(node.meta.get("val"))
+        for p in dict.fromkeys(node.all_input_nodes):
+            tails.append(ids[p])
+            heads.append(i)
+    out = gm.graph.find_nodes(op="output")[0]
+    for x in out.all_input_nodes:
+        keep[ids[x]] = 1
+    return (nodes, nbytes, alias_of, is_input, persistent, keep,
+            np.asarray(tails, dtype=np.int64), np.asarray(heads, dtype=np.int64))
+
+
+def schedule_gathers(gm: fx.GraphModule, *, persistent_names: Iterable[str] = (),
+                     max_prefetch: int = 2, budget_bytes: float = -1.0,
+                     bucket_bytes: float = 0.0) -> dict:
+    """Reorders `gm` in place; returns the schedule's figures (simulated peaks, distance, buckets)."""
+    nodes, nbytes, alias_of, is_input, persistent, keep, tails, heads = memory_arrays(
+        gm, persistent_names)
+    ids = {n: i for i, n in enumerate(nodes)}
+    movable = np.zeros(len(nodes), dtype=np.uint8)
+    is_gather = np.zeros(len(nodes), dtype=np.uint8)
+    for i, node in enumerate(nodes):
+        if is_allgather_cast(node):
+            movable[i] = is_gather[i] = 1
+        elif _is_reshape_or_cast(node) and node.all_input_nodes and all(
+                movable[ids[p]] for p in node.all_input_nodes):
+            movable[i] = 1
+    if not is_gather.any():
+        return {"gathers": 0}
+    input_order = np.asarray([i for i in range(len(nodes)) if not is_input[i]], dtype=np.int64)
+    s = _C.schedule_regathers(nbytes, alias_of, is_input, persistent, keep, tails, heads,
+                              input_order, movable, is_gather, int(max_prefetch),
+                              float(budget_bytes), float(bucket_bytes))
+    # Placeholders stay first; everything else follows the schedule.
+    anchor = [n for n in nodes if is_input[ids[n]]][-1] if is_input.any() else None
+    for i in s["order"]:
+        node = nodes[i]
+        if anchor is None:
+            gm.graph.find_nodes(op="output")[0].prepend(node)  # first node: before output
+            anchor = node
+            continue
+        anchor.append(node)
+        anchor = node
+    buckets = _bucket(gm, nodes, s["bucket_of"])
+    gm.graph.lint()
+    gm.recompile()
+    return {"gathers": int(is_gather.sum()), "prefetch_distance": int(s["prefetch_distance"]),
+            "peak_bytes": float(s["peak_bytes"]),
+            "peak_bytes_no_prefetch": float(s["peak_bytes_no_prefetch"]),
+            "peak_bytes_input_order": float(s["peak_bytes_input_order"]),
+            "buckets": buckets}
+
+
+def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
+    """Replaces each bucket of >= 2 compatible gathers by one dcr::allgather_cast_bucket."""
+    groups: dict = {}
+    for i in np.flatnonzero(bucket_of >= 0):
+        g = nodes[i]
+        shard, world_size, group_name = g.args[:3]
+        groups.setdefault((int(bucket_of[i]), world_size, group_name, gather_dtype(g)), []).append(g)
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}  # after reordering
+    made = 0
+    for (_, world_size, group_name, dtype), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
+        if len(members) < 2:
+            continue
+        members.sort(key=position.__getitem__)  # the bucket goes where its first member was
+        with gm.graph.inserting_before(members[0]):
+            bucket = gm.graph.call_function(
+                torch.ops.dcr.allgather_cast_bucket.default,
+                ([m.args[0] for m in members], world_size, group_name), {"dtype": dtype})
+            bucket.meta["val"] = [m.meta["val"] for m in members]
+            items = [gm.graph.call_function(operator.getitem, (bucket, k))
+                     for k in range(len(members))]
+        for item, m in zip(items, members):  # erase only after inserting: members[0] is the anchor
+            item.meta["val"] = m.meta["val"]
+            m.replace_all_uses_with(item)
+            gm.graph.erase_node(m)
+        made += 1
+    return made
