@@ -56,12 +56,24 @@ class RematPartitioner(CustomPartitionerFn):
         return f"deepcompile_remat:{_source_digest()}:{self.config!r}:{self.parameter_indices}"
 
 
+def eager_graph_compiler() -> Callable:
+    """Runs an FX graph as it is, with the boxed calling convention: the generated code clears
+    its argument list, so inputs (saved activations, gathered weights) die at their last use
+    rather than living for the whole call."""
+    try:
+        from torch._dynamo.backends.debugging import boxed_nop
+
+        return boxed_nop
+    except ImportError:  # older torch: same graphs, inputs held for the call
+        from functorch.compile import make_boxed_func
+
+        return lambda gm, _example_inputs: make_boxed_func(gm.forward)
+
+
 def _eager_backend(config: RematConfig) -> Callable:
-    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    def boxed_nop(gm, _example_inputs):
-        return make_boxed_func(gm.forward)
+    boxed_nop = eager_graph_compiler()
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         params = config.parameter_indices or parameter_indices_of(example_inputs)

@@ -12,10 +12,12 @@ from typing import Optional, Sequence
 
 from deepcompile_remat.bench import partition as bench_partition
 from deepcompile_remat.bench import solver as bench_solver
+from deepcompile_remat.bench import zero3_memory
 
 SUBCOMMANDS = {
     bench_solver.NAME: (bench_solver.add_arguments, bench_solver.run),
     bench_partition.NAME: (bench_partition.add_arguments, bench_partition.run),
+    zero3_memory.NAME: (zero3_memory.add_arguments, zero3_memory.run),
 }
 
 

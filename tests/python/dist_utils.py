@@ -1,15 +1,10 @@
 """Runs a test function on N ranks over gloo (spawned processes, a free local port)."""
 import os
-import socket
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from deepcompile_remat.bench.ports import free_port
 
 
 def _entry(rank, world, port, fn, args):
