@@ -111,13 +111,14 @@ def _fill_slots_cpu(shards, outputs, dtype, rank: int) -> None:
 
 
 def _gather_cpu(outputs, shards, group, world: int, rank: int) -> list:
-    """Async in-place all_gather_into_tensor per output; returns the works. The transfer is
-    bytes only, so 16-bit outputs travel as int16 (gloo need not know bf16)."""
+    """Async in-place gather per output into one tensor; returns the works. The transfer is
+    bytes only, so outputs travel as uint8 (gloo knows neither int16 nor, everywhere, bf16)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     works = []
-    for s, o in zip(shards, outputs):
-        flat = o.view(torch.int16) if o.element_size() == 2 else o
+    for o in outputs:
+        flat = o.view(torch.uint8)
         slot = flat.view(world, -1)[rank]
-        works.append(dist.all_gather_into_tensor(flat, slot, group=group, async_op=True))
+        works.append(gather(flat, slot, group=group, async_op=True))
     return works
 
 
