@@ -1,0 +1,136 @@
+"""GPU benchmark of the fused cast + allgather (deepcompile_remat.ops).
+
+1. Cast kernel bandwidth: one multi-tensor launch over a bucket of Llama-7B-like shards,
+   effective GB/s at 6 bytes per element (4 read + 2 written), next to a device-to-device
+   copy of the same bytes in the same process (the roofline).
+2. allgather_cast(bf16) vs torch's fp32 all_gather_into_tensor then .to(bf16), per bucket:
+   time and torch.cuda.max_memory_allocated.
+
+    python benchmarks/bench_allgather_cast.py                 # one GPU (world 1)
+    torchrun --nproc-per-node 8 benchmarks/bench_allgather_cast.py   # NCCL across GPUs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from deepcompile_remat import ops
+
+# One Llama-7B decoder layer (hidden 4096, MLP 11008): q, k, v, o, gate, up, down, 2 norms.
+LAYER_SHAPES = [(4096, 4096)] * 4 + [(11008, 4096)] * 2 + [(4096, 11008)] + [(4096,)] * 2
+
+
+def numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def make_bucket(layers: int, world: int, device) -> list:
+    shards = []
+    for _ in range(layers):
+        for shape in LAYER_SHAPES:
+            shard_len = -(-numel(shape) // world)  # padded
+            shards.append(torch.randn(shard_len, device=device))
+    return shards
+
+
+def time_ms(fn, iters: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def bench_cast_kernel(shards, iters: int) -> dict:
+    from deepcompile_remat import _cuda
+
+    outs = [torch.empty(s.numel(), dtype=torch.bfloat16, device=s.device) for s in shards]
+    option = ops.torch_nan_option("cuda", torch.bfloat16)
+    stream = torch.cuda.current_stream()
+    args = ([s.data_ptr() for s in shards], [o.data_ptr() for o in outs],
+            [s.numel() for s in shards], "bfloat16", option.nan_mode, option.canonical_nan)
+    cast_ms = time_ms(lambda: _cuda.cast_into_slots(*args, stream.cuda_stream), iters)
+    elements = sum(s.numel() for s in shards)
+    flat_src = torch.empty(elements * 6 // 2, dtype=torch.uint8, device=shards[0].device)
+    flat_dst = torch.empty_like(flat_src)
+    copy_ms = time_ms(lambda: flat_dst.copy_(flat_src), iters)  # reads + writes 6 B/elem total
+    torch_ms = time_ms(lambda: [o.copy_(s) for s, o in zip(shards, outs)], iters)
+    gbs = lambda ms: elements * 6 / (ms * 1e-3) / 1e9  # noqa: E731
+    return {"elements": elements, "cast_ms": cast_ms, "cast_GBps": gbs(cast_ms),
+            "d2d_copy_ms": copy_ms, "d2d_copy_GBps": gbs(copy_ms),
+            "torch_per_tensor_cast_ms": torch_ms, "torch_per_tensor_cast_GBps": gbs(torch_ms)}
+
+
+def bench_gather(shards, world: int, iters: int) -> dict:
+    device = shards[0].device
+
+    def fused():
+        return ops.allgather_cast(shards, dtype=torch.bfloat16)
+
+    def baseline():
+        outs = []
+        for s in shards:
+            full = torch.empty(world * s.numel(), dtype=s.dtype, device=device)
+            if world > 1:
+                dist.all_gather_into_tensor(full, s)
+            else:
+                full.copy_(s)
+            outs.append(full.to(torch.bfloat16))
+        return outs
+
+    result = {}
+    for name, fn in (("fused_allgather_cast", fused), ("fp32_allgather_then_cast", baseline)):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        ms = time_ms(lambda: fn(), iters)
+        result[name] = {"ms": ms,
+                        "peak_extra_MiB": (torch.cuda.max_memory_allocated() - base) / 2**20}
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=2, help="decoder layers per bucket")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+
+    world, rank = 1, 0
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        dist.init_process_group("nccl")
+        world, rank = dist.get_world_size(), dist.get_rank()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    device = torch.device("cuda", torch.cuda.current_device())
+    if not ops.cuda_available():
+        raise SystemExit(f"_cuda not built: {ops.cuda_build_info()}")
+
+    shards = make_bucket(args.layers, world, device)
+    results = {"device": torch.cuda.get_device_name(device), "world": world,
+               "layers": args.layers, "params": len(shards),
+               "cast_kernel": bench_cast_kernel(shards, args.iters),
+               "gather": bench_gather(shards, world, args.iters)}
+    if rank == 0:
+        print(json.dumps(results, indent=2))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+    if world > 1:
+        ops.destroy_communicators()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

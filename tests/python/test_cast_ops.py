@@ -1,0 +1,188 @@
+"""Cast kernels and allgather_cast against torch's own cast + all_gather, bit for bit."""
+import os
+import socket
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from deepcompile_remat import _C, ops
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def bits(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().view(torch.int16).numpy().view(np.uint16)
+
+
+def nasty_fp32(n: int, seed: int = 0) -> torch.Tensor:
+    """Random values plus NaNs (with payloads and signs), infs, subnormals of both formats,
+    fp16 overflow edges and exact round-to-even ties."""
+    g = np.random.default_rng(seed)
+    u = g.integers(0, 2**32, size=n, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([0x7F800001, 0xFFC00000, 0x7FFFFFFF, 0x7F800000, 0xFF800000, 0x00000001,
+                         0x80000000, 0x33000000, 0x33800000, 0x387FE000, 0x477FF000, 0x477FE000,
+                         0x3F808000, 0x3F818000, 0x3F801000, 0x3F803000, 0x7F7F8000],
+                        dtype=np.uint32)
+    u[: min(n, specials.size)] = specials[: min(n, specials.size)]
+    normals = g.standard_normal(n // 3).astype(np.float32).view(np.uint32)
+    u[specials.size: specials.size + normals.size] = normals[: max(0, n - specials.size)]
+    return torch.from_numpy(u.view(np.float32).copy())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 3, 17, 1000, 4099])
+@pytest.mark.parametrize("start", [0, 1, 3])
+def test_kernel_bit_identical_to_torch(dtype, n, start):
+    full = nasty_fp32(n + start, seed=n)
+    src = full[start:]  # unaligned view
+    out = torch.full((n + 5,), -1, dtype=torch.int16)
+    option = ops.torch_nan_option("cpu", dtype)
+    assert option is not None
+    _C.cast_fp32_into(src.numpy(), out.numpy(), 2, str(dtype).split(".")[1], option.nan_mode,
+                      option.canonical_nan)
+    np.testing.assert_array_equal(out.numpy()[2:2 + n].view(np.uint16), bits(src.to(dtype)))
+    assert (out.numpy()[:2] == -1).all() and (out.numpy()[2 + n:] == -1).all()
+
+
+def test_kernel_rejects_bad_arrays():
+    src = np.ones(4, np.float32)
+    with pytest.raises(TypeError):
+        _C.cast_fp32_into(src.astype(np.float64), np.zeros(4, np.int16), 0, "bfloat16")
+    with pytest.raises(TypeError):
+        _C.cast_fp32_into(src, np.zeros(4, np.int32), 0, "bfloat16")
+    with pytest.raises(ValueError):
+        _C.cast_fp32_into(src, np.zeros(8, np.int16)[::2], 0, "bfloat16")  # strided: would copy
+    with pytest.raises(ValueError):
+        _C.cast_fp32_into(src, np.zeros(5, np.int16), 2, "bfloat16")
+    with pytest.raises(ValueError):
+        _C.cast_fp32_into(src, np.zeros(4, np.int16), 0, "float8")
+    with pytest.raises(ValueError):
+        _C.cast_fp32_into(src, np.zeros(4, np.int16), 0, "bfloat16", "canonical", 0x1234)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [None])
+def test_world_size_one(dtype):
+    shards = [nasty_fp32(5, 1), nasty_fp32(8, 2)]
+    outs = ops.allgather_cast(shards, dtype=dtype)
+    for s, o in zip(shards, outs):
+        want = s if dtype is None else s.to(dtype)
+        assert o.dtype == want.dtype
+        np.testing.assert_array_equal(o.view(torch.int16 if o.element_size() == 2 else torch.int32).numpy(),
+                                      want.view(o.view(torch.int16 if o.element_size() == 2 else torch.int32).dtype).numpy())
+    handle = ops.allgather_cast(shards, dtype=dtype, async_op=True)
+    assert len(handle.wait()) == 2 and handle.is_completed()
+
+
+def test_argument_checks():
+    with pytest.raises(ValueError):
+        ops.allgather_cast([torch.ones(2, 2)])
+    with pytest.raises(ValueError):
+        ops.allgather_cast([torch.ones(4)], outputs=[torch.empty(3, dtype=torch.bfloat16)],
+                           dtype=torch.bfloat16)
+    with pytest.raises(ValueError):
+        ops.allgather_cast([torch.ones(4, dtype=torch.float16)], dtype=torch.bfloat16)
+
+
+def test_cuda_build_info_says_why():
+    info = ops.cuda_build_info()
+    assert "built" in info and "reason" in info
+    if not ops.cuda_available():
+        assert info["reason"] or info["import_error"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, init_file, backend, results):
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        if backend == "nccl":
+            torch.cuda.set_device(device)
+        # Uneven true sizes, padded to the same shard length per rank: 10 -> 5, 7 -> 4 (pad 1).
+        sizes = {"a": 5, "b": 4, "c": 1}
+        for dtype in DTYPES + [None]:
+            for async_op in (False, True):
+                shards = [nasty_fp32(n, seed=100 * rank + i).to(device)
+                          for i, n in enumerate(sizes.values())]
+                got = ops.allgather_cast(shards, dtype=dtype, group=None, async_op=async_op)
+                if async_op:
+                    got = got.wait()
+                for s, o in zip(shards, got):
+                    cast = s if dtype is None else s.to(dtype)
+                    # torch's cast, then torch's all_gather (of the bytes: gloo has no bf16)
+                    parts = [torch.empty_like(cast).view(torch.uint8) for _ in range(world)]
+                    dist.all_gather(parts, cast.view(torch.uint8))
+                    want = torch.cat(parts).view(cast.dtype)
+                    view = torch.int16 if want.element_size() == 2 else torch.int32
+                    if not torch.equal(o.view(view).cpu(), want.view(view).cpu()):
+                        raise AssertionError(f"rank {rank} dtype {dtype} async {async_op}")
+        results[rank] = "ok"
+    except Exception as e:  # reported to the parent
+        results[rank] = repr(e)
+    finally:
+        ops.destroy_communicators()
+        dist.destroy_process_group()
+
+
+def _run_world(world, backend):
+    with tempfile.TemporaryDirectory() as d:
+        manager = mp.Manager()
+        results = manager.dict()
+        mp.spawn(_worker, args=(world, os.path.join(d, "store"), backend, results),
+                 nprocs=world, join=True)
+        assert dict(results) == {r: "ok" for r in range(world)}
+
+
+@pytest.mark.slow
+def test_two_rank_gloo_matches_torch():
+    _run_world(2, "gloo")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("start", [0, 1, 2, 3])
+def test_cuda_kernel_bit_identical_to_torch(dtype, start):
+    if not ops.cuda_available():
+        pytest.fail(f"CUDA device present but _cuda not built: {ops.cuda_build_info()}")
+    from deepcompile_remat import _cuda
+
+    srcs = [nasty_fp32(n + start, seed=n)[start:].cuda() for n in (1, 3, 17, 4099, 1 << 20)]
+    option = ops.torch_nan_option("cuda", dtype)
+    assert option is not None
+    outs = [torch.full((s.numel() + 3,), -1, dtype=torch.int16, device="cuda") for s in srcs]
+    stream = torch.cuda.current_stream()
+    _cuda.cast_into_slots([s.data_ptr() for s in srcs], [o[1:].data_ptr() for o in outs],
+                          [s.numel() for s in srcs], str(dtype).split(".")[1], option.nan_mode,
+                          option.canonical_nan, stream.cuda_stream)
+    for s, o in zip(srcs, outs):
+        o = o.cpu()
+        np.testing.assert_array_equal(o[1:1 + s.numel()].numpy().view(np.uint16), bits(s.to(dtype)))
+        assert o[0] == -1 and (o[1 + s.numel():] == -1).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_world_size_one():
+    shards = [nasty_fp32(n, seed=n).cuda() for n in (5, 4099)]
+    for dtype in DTYPES + [None]:
+        outs = ops.allgather_cast(shards, dtype=dtype)
+        for s, o in zip(shards, outs):
+            want = s if dtype is None else s.to(dtype)
+            view = torch.int16 if want.element_size() == 2 else torch.int32
+            assert torch.equal(o.view(view), want.view(view))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_rank_nccl_matches_torch():
+    _run_world(2, "nccl")
