@@ -43,24 +43,20 @@ def resolve_group(group_name: str):
     return _resolve_process_group(group_name)
 
 
-def _cast_into_slot(shard: torch.Tensor, out: torch.Tensor, rank: int) -> torch.Tensor:
-    slot = out.view(-1, shard.numel())[rank]
-    if shard.device.type == "cpu" and _cpu_cast_available(shard.dtype, out.dtype):
-        from deepcompile_remat import _C
+def _gather_into(shards, outputs, dtype, group) -> None:
+    """Cast each shard into this rank's slot of its output, then gather the slots in place:
+    deepcompile_remat.ops (the C++ CPU kernel + gloo, or CUDA + NCCL when built)."""
+    from deepcompile_remat import ops as kernels
 
-        _C.cast_fp32_into(shard.detach().numpy(), out.view(torch.int16).numpy(),
-                          rank * shard.numel(), str(out.dtype).replace("torch.", ""))
-    else:
-        slot.copy_(shard)  # a cast, written straight into the slot
-    return slot
-
-
-def _cpu_cast_available(src: torch.dtype, dst: torch.dtype) -> bool:
-    if src != torch.float32 or dst not in (torch.bfloat16, torch.float16):
-        return False
-    from deepcompile_remat import _C
-
-    return hasattr(_C, "cast_fp32_into")
+    if shards[0].is_cuda and not kernels.cuda_available():
+        # Without the CUDA module: torch's cast into the slot, then NCCL through torch.
+        rank = dist.get_rank(group)
+        for s, o in zip(shards, outputs):
+            slot = o.view(-1, s.numel())[rank]
+            slot.copy_(s)
+            dist.all_gather_into_tensor(o, slot, group=group)
+        return
+    kernels.allgather_cast(list(shards), list(outputs), dtype=dtype, group=group)
 
 
 @torch.library.custom_op("dcr::allgather_cast", mutates_args=())
@@ -71,15 +67,7 @@ def allgather_cast(shard: torch.Tensor, world_size: int, group_name: str,
     if world_size == 1:
         out.copy_(shard.reshape(-1))
         return out
-    group = resolve_group(group_name)
-    rank = dist.get_rank(group)
-    if shard.is_cuda:
-        from deepcompile_remat import ops as cuda_ops
-
-        if cuda_ops.cuda_available():
-            return cuda_ops.allgather_cast([shard], [out], dtype=dtype, group=group)[0]
-    slot = _cast_into_slot(shard.reshape(-1), out, rank)
-    dist.all_gather_into_tensor(out, slot, group=group)  # in place: the slot is out's own
+    _gather_into([shard.reshape(-1)], [out], dtype, resolve_group(group_name))
     CommStats.allgather_bytes += out.numel() * out.element_size() * (world_size - 1) // world_size
     CommStats.allgather_calls += 1
     return out
@@ -134,13 +122,16 @@ def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_nam
     total = sum(sizes)
     buf = shards[0].new_empty(world_size * total, dtype=dtype)
     rows = buf.view(world_size, total)
-    rank = 0 if world_size == 1 else dist.get_rank(resolve_group(group_name))
-    offset = 0
-    for s, n in zip(shards, sizes):
-        rows[rank, offset:offset + n].copy_(s.reshape(-1))
-        offset += n
-    if world_size > 1:
-        dist.all_gather_into_tensor(buf, rows[rank], group=resolve_group(group_name))
+    if world_size == 1:
+        offset = 0
+        for s, n in zip(shards, sizes):
+            rows[0, offset:offset + n].copy_(s.reshape(-1))
+            offset += n
+    else:
+        # One shard of the bucket's own: this rank's pieces, side by side, cast on the way.
+        group = resolve_group(group_name)
+        local = torch.cat([s.reshape(-1) for s in shards])
+        _gather_into([local], [buf], dtype, group)
         CommStats.allgather_bytes += buf.numel() * buf.element_size() * (world_size - 1) // world_size
         CommStats.allgather_calls += 1
     outs, offset = [], 0
