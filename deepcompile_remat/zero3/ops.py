@@ -64,7 +64,7 @@ def allgather_cast(shard: torch.Tensor, world_size: int, group_name: str,
                    dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     dtype = shard.dtype if dtype is None else dtype
     out = shard.new_empty(world_size * shard.numel(), dtype=dtype)
-    if world_size == 1:
+    if world_size == 1 and not dist.is_initialized():  # standalone use, no process group
         out.copy_(shard.reshape(-1))
         return out
     _gather_into([shard.reshape(-1)], [out], dtype, resolve_group(group_name))
