@@ -4,6 +4,7 @@ Honours CMAKE_ARGS and CMAKE_BUILD_PARALLEL_LEVEL. The extension never links lib
 same sources build for any Python/torch pair.
 """
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,13 @@ class CMakeBuild(build_ext):
             build_args += [f"-j{os.cpu_count() or 1}"]
         subprocess.run(["cmake", str(ROOT), *cmake_args], cwd=build_temp, check=True)
         subprocess.run(["cmake", "--build", ".", *build_args], cwd=build_temp, check=True)
+        # The CUDA module and its build-info file are extra outputs setuptools does not know
+        # about: a wheel picks them up from ext_dir, an editable install needs them copied.
+        if getattr(self, "editable_mode", False) or self.inplace:
+            package_dir = ROOT / "deepcompile_remat"
+            for extra in [*ext_dir.glob("_cuda*.so"), *ext_dir.glob("_cuda_build_info.json")]:
+                if extra.parent.resolve() != package_dir.resolve():
+                    shutil.copy2(extra, package_dir / extra.name)
 
 
 setup(
