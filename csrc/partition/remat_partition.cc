@@ -243,7 +243,7 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
       nodes.push_back(graph_node);
       reasons.emplace_back(Describe(why));
     } else {
-      reasons.back() += "; ";
+      if (!reasons.back().empty()) reasons.back() += "; ";
       reasons.back() += Describe(why);
     }
   };
