@@ -3,7 +3,7 @@
 
 #include <cmath>
 #include <limits>
-#include <sstream>
+#include <cstdio>
 
 namespace dcr {
 namespace {
@@ -340,10 +340,16 @@ double SolveDinic(ResidualGraph& g, int32_t s, int32_t t) {
   return flow;
 }
 
+// Messages are built with std::to_string / snprintf, never iostreams: next to some torch
+// builds in one process, libstdc++'s stream and locale code crashed (seen with torch 2.11+cu130).
 std::string ArcName(const char* what, size_t i) {
-  std::ostringstream os;
-  os << what << "[" << i << "]";
-  return os.str();
+  return std::string(what) + "[" + std::to_string(i) + "]";
+}
+
+std::string FormatDouble(double x) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", x);
+  return buf;
 }
 
 }  // namespace
@@ -375,11 +381,7 @@ void ValidateFlowInput(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> hea
     if (heads[i] < 0 || heads[i] >= num_nodes) check_node(ArcName("heads", i), heads[i]);
     const double c = capacities[i];
     if (std::isnan(c)) fail(ArcName("capacities", i) + " is NaN");
-    if (c < 0.0) {
-      std::ostringstream os;
-      os << ArcName("capacities", i) << " = " << c << " is negative";
-      fail(os.str());
-    }
+    if (c < 0.0) fail(ArcName("capacities", i) + " = " + FormatDouble(c) + " is negative");
   }
 }
 
@@ -420,11 +422,10 @@ MinCutResult MinStCut(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> head
   std::vector<int64_t> inf_path =
       FindInfinitePath(num_nodes, tails, heads, capacities, source, sink);
   if (!inf_path.empty()) {
-    std::ostringstream os;
-    os << "the cut is unbounded: source " << source << " reaches sink " << sink
-       << " through arcs of infinite capacity only, along ";
-    for (size_t i = 0; i < inf_path.size(); ++i) os << (i ? " -> " : "") << inf_path[i];
-    throw UnboundedCutError(os.str(), std::move(inf_path));
+    std::string msg = "the cut is unbounded: source " + std::to_string(source) + " reaches sink " +
+                      std::to_string(sink) + " through arcs of infinite capacity only, along ";
+    for (size_t i = 0; i < inf_path.size(); ++i) msg += (i ? " -> " : "") + std::to_string(inf_path[i]);
+    throw UnboundedCutError(msg, std::move(inf_path));
   }
 
   ResidualGraph g(num_nodes, tails, heads, capacities);
@@ -451,10 +452,8 @@ MinCutResult MinStCut(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> head
     throw std::logic_error("max-flow internal error: sink reachable after the solve");
   if (std::isinf(result.value) ||
       std::abs(result.value - result.flow_value) > 1e-9 * std::max(1.0, finite_total)) {
-    std::ostringstream os;
-    os << "max-flow internal error: cut value " << result.value << " != flow value "
-       << result.flow_value;
-    throw std::logic_error(os.str());
+    throw std::logic_error("max-flow internal error: cut value " + FormatDouble(result.value) +
+                           " != flow value " + FormatDouble(result.flow_value));
   }
   return result;
 }

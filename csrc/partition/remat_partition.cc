@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <limits>
-#include <sstream>
 
 #include "maxflow/max_flow.h"
 #include "maxflow/node_split.h"
@@ -265,13 +264,13 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
     }
     note(graph_node, why);
   }
-  std::ostringstream os;
-  os << "conflicting rematerialization constraints along node chain";
+  // No iostreams in the core: see max_flow.cc.
+  std::string msg = "conflicting rematerialization constraints along node chain";
   for (size_t i = 0; i < nodes.size(); ++i) {
-    os << (i ? " -> " : " ") << nodes[i];
-    if (!reasons[i].empty()) os << " [" << reasons[i] << "]";
+    msg += (i ? " -> " : " ") + std::to_string(nodes[i]);
+    if (!reasons[i].empty()) msg += " [" + reasons[i] + "]";
   }
-  throw PartitionConflictError(os.str(), std::move(nodes), std::move(reasons));
+  throw PartitionConflictError(msg, std::move(nodes), std::move(reasons));
 }
 
 // Cut nodes the backward actually reads: v_out reaches the sink through sink-side nodes. A
