@@ -25,12 +25,24 @@ SETUPS = ("torch-default", "mincut-marking", "ours")
 
 
 def _peak_from_profiler(prof) -> int:
-    events = sorted(prof.events(), key=lambda e: (e.time_range.start, e.time_range.end))
-    live = peak = 0
-    for e in events:
-        live += e.self_cpu_memory_usage
-        peak = max(peak, live)
-    return peak
+    """Peak live CPU bytes during the profiled region, from the allocator's own records.
+
+    torch.profiler's memory timeline (a private API, hence the fallback) replays every
+    allocation and free with its timestamp; summing ops' self memory instead misplaces frees
+    that happen inside long parent ops (the whole backward is one)."""
+    try:
+        import numpy as np
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+        _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+        return int(np.asarray(sizes).sum(axis=1).max()) if len(sizes) else 0
+    except Exception:  # noqa: BLE001 - the private API moved: coarse op-level accounting
+        events = sorted(prof.events(), key=lambda e: (e.time_range.start, e.time_range.end))
+        live = peak = 0
+        for e in events:
+            live += e.self_cpu_memory_usage
+            peak = max(peak, live)
+        return peak
 
 
 def _predicted(gm, persistent_names) -> tuple[float, float]:
@@ -130,7 +142,8 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict, out_path: str)
             times.append(time.perf_counter() - t0)
         zero3.CommStats.reset()
         dist.barrier()
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                     with_stack=True) as prof:
             step()
         peak = _peak_from_profiler(prof)
         pred = predictions[-1]
