@@ -312,3 +312,20 @@ def test_aggressive_policy_recomputes_more():
         results[policy] = last_report()
     assert results["aggressive"].saved_activation_bytes <= results["conservative"].saved_activation_bytes
     assert not any(r.startswith(("mm", "addmm", "bmm")) for r in results["aggressive"].recomputed)
+
+
+def test_deepspeed_config_block(tmp_path):
+    from pathlib import Path
+
+    from deepcompile_remat.deepspeed import config_from_deepspeed
+
+    repo_config = Path(__file__).resolve().parents[2] / "configs" / "zero3_remat.json"
+    cfg = config_from_deepspeed(repo_config)
+    assert cfg == RematConfig(policy="conservative", bucket_bytes=65536,
+                              extra={"enabled": True})
+    assert config_from_deepspeed({"zero_optimization": {"stage": 3}}) is None
+    assert config_from_deepspeed({"deepcompile_remat": {"enabled": False}}) is None
+    bad = tmp_path / "ds.json"
+    bad.write_text('{"deepcompile_remat": {"enabled": true, "polcy": "aggressive"}}')
+    with pytest.raises(ValueError, match=r"ds.json: deepcompile_remat: unknown key 'polcy'"):
+        config_from_deepspeed(bad)
