@@ -95,13 +95,14 @@ def schedule_gathers(gm: fx.GraphModule, *, persistent_names: Iterable[str] = ()
         anchor.append(node)
         anchor = node
     buckets = _bucket(gm, nodes, s["bucket_of"])
+    prefetched = _split_prefetched(gm)
     gm.graph.lint()
     gm.recompile()
     return {"gathers": int(is_gather.sum()), "prefetch_distance": int(s["prefetch_distance"]),
             "peak_bytes": float(s["peak_bytes"]),
             "peak_bytes_no_prefetch": float(s["peak_bytes_no_prefetch"]),
             "peak_bytes_input_order": float(s["peak_bytes_input_order"]),
-            "buckets": buckets}
+            "buckets": buckets, "async_prefetched": prefetched}
 
 
 def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
@@ -130,3 +131,38 @@ def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
             gm.graph.erase_node(m)
         made += 1
     return made
+
+
+def _split_prefetched(gm: fx.GraphModule) -> int:
+    """A gather the schedule moved ahead of its first use becomes an asynchronous start/wait
+    pair (torch's functional collectives, which gloo, NCCL and inductor all understand): the
+    collective is issued where the gather now stands and waited on just before the first use,
+    so the communication overlaps the compute in between. The shard is cast before it is sent."""
+    c10d = torch.ops._c10d_functional
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    split = 0
+    for gather in [n for n in gm.graph.nodes if is_allgather_cast(n)]:
+        if not gather.users:
+            continue
+        first_use = min(gather.users, key=position.__getitem__)
+        if position[first_use] == position[gather] + 1:
+            continue  # used right away: nothing to overlap
+        shard, world_size, group_name = gather.args[:3]
+        dtype = gather_dtype(gather)
+        full = gather.meta["val"]
+        with gm.graph.inserting_before(gather):
+            local = shard
+            if dtype is not None and dtype != shard.meta["val"].dtype:
+                local = gm.graph.call_function(torch.ops.prims.convert_element_type.default,
+                                               (shard, dtype))
+                local.meta["val"] = shard.meta["val"].to(dtype)
+            start = gm.graph.call_function(c10d.all_gather_into_tensor.default,
+                                           (local, world_size, group_name))
+            start.meta["val"] = full
+        with gm.graph.inserting_before(first_use):
+            wait = gm.graph.call_function(c10d.wait_tensor.default, (start,))
+            wait.meta["val"] = full
+        gather.replace_all_uses_with(wait)
+        gm.graph.erase_node(gather)
+        split += 1
+    return split
