@@ -8,8 +8,10 @@ the FX graphs run as partitioned):
                   (what DeepSpeed's PR #7609 does)
   ours            marking + cast-before-gather + the C++ re-gather schedule
 Measured per rank over one forward+backward: peak bytes from the CPU allocator's own
-accounting (torch.profiler memory events, relative to the step's start), step time, and bytes
-received by allgathers; predicted peak from the memory simulator (csrc/memsim) run on the
+accounting (its running total in torch.profiler's allocation events, relative to the step's
+start; the profiler's memory timeline beside it as a cross-check), step time, and bytes
+received by allgathers (the ops' own counter, plus the prefetched start/wait gathers counted
+from the graphs, column "async"); predicted peak from the memory simulator (csrc/memsim) run on the
 partitioned forward and backward graphs.
 """
 from __future__ import annotations
@@ -24,25 +26,35 @@ NAME = "profile-zero3"
 SETUPS = ("torch-default", "mincut-marking", "ours")
 
 
-def _peak_from_profiler(prof) -> int:
-    """Peak live CPU bytes during the profiled region, from the allocator's own records.
+def _peak_from_allocator(prof) -> int:
+    """Peak live CPU bytes during the profiled region, from the CPU allocator's own running
+    total: every allocation and free event carries the allocator's total_allocated after it,
+    so the peak is the largest total minus the total before the first event. Exact whatever
+    the thread (gloo's included), and with no matching of frees to allocations."""
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import OpTree  # private API: the event tree
 
-    torch.profiler's memory timeline (a private API, hence the fallback) replays every
-    allocation and free with its timestamp; summing ops' self memory instead misplaces frees
-    that happen inside long parent ops (the whole backward is one)."""
+    events = [n.typed[1] for n in OpTree(prof.profiler.kineto_results).sorted_nodes
+              if n.typed[0] == _EventType.Allocation and n.typed[1].device.type == "cpu"]
+    if not events:
+        return 0
+    before = events[0].total_allocated - events[0].alloc_size
+    return max(e.total_allocated for e in events) - before
+
+
+def _peak_from_timeline(prof) -> float:
+    """The same peak from torch.profiler's memory timeline, which replays allocations and
+    frees matched by address; it over-counts when it cannot match a free (it warns
+    "Mismatch between allocation and free"), so it is reported beside, as a cross-check.
+    NaN where it cannot replay the step (its data-flow checks reject some in-place ops)."""
+    import numpy as np
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
     try:
-        import numpy as np
-        from torch.profiler._memory_profiler import MemoryProfileTimeline
-
         _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
-        return int(np.asarray(sizes).sum(axis=1).max()) if len(sizes) else 0
-    except Exception:  # noqa: BLE001 - the private API moved: coarse op-level accounting
-        events = sorted(prof.events(), key=lambda e: (e.time_range.start, e.time_range.end))
-        live = peak = 0
-        for e in events:
-            live += e.self_cpu_memory_usage
-            peak = max(peak, live)
-        return peak
+    except AssertionError:
+        return float("nan")
+    return float(np.asarray(sizes).sum(axis=1).max()) if len(sizes) else 0.0
 
 
 def _predicted(gm, persistent_names) -> tuple[float, float]:
@@ -87,13 +99,30 @@ def _backend(setup: str, predictions: list):
             saved = sum(1 for _ in bw.graph.find_nodes(op="placeholder"))
             # The forward's inputs pre-exist the step; of the backward's, only the shards do.
             shards_bytes = bw_in - _predicted_saved_bytes(bw, shard_names)
-            predictions.append({"fw": fw_peak - fw_in, "bw": bw_peak - shards_bytes, "saved": saved})
+            async_bytes, async_calls = map(sum, zip(_async_gathers(fw), _async_gathers(bw)))
+            predictions.append({"fw": fw_peak - fw_in, "bw": bw_peak - shards_bytes, "saved": saved,
+                                "async_bytes": async_bytes, "async_calls": async_calls})
             return fw, bw
 
         return aot_autograd(fw_compiler=eager_graph_compiler(), bw_compiler=eager_graph_compiler(),
                             partition_fn=partition)(gm, example_inputs)
 
     return compile_fn
+
+
+def _async_gathers(gm) -> tuple[int, int]:
+    """(bytes received, calls) of the gathers the schedule turned into functional-collective
+    start/wait pairs: torch runs those, so CommStats does not see them; each graph runs once
+    per step, so the graph says what they move."""
+    import torch
+
+    received = calls = 0
+    for n in gm.graph.find_nodes(op="call_function",
+                                 target=torch.ops._c10d_functional.all_gather_into_tensor.default):
+        full, world = n.meta["val"], int(n.args[1])
+        received += full.numel() * full.element_size() * (world - 1) // world
+        calls += 1
+    return received, calls
 
 
 def _predicted_saved_bytes(bw, shard_names) -> float:
@@ -145,13 +174,16 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict, out_path: str)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                      with_stack=True) as prof:
             step()
-        peak = _peak_from_profiler(prof)
         pred = predictions[-1]
-        rows.append({"setup": setup, "rank": rank, "peak_mb": peak / 2**20,
+        rows.append({"setup": setup, "rank": rank, "peak_mb": _peak_from_allocator(prof) / 2**20,
+                     "timeline_peak_mb": _peak_from_timeline(prof) / 2**20,
                      "predicted_peak_mb": max(pred["fw"], pred["bw"]) / 2**20,
                      "step_ms": 1e3 * sorted(times)[len(times) // 2],
-                     "allgather_mb_per_step": zero3.CommStats.allgather_bytes / 2**20,
-                     "allgather_calls": zero3.CommStats.allgather_calls})
+                     "allgather_mb_per_step": (zero3.CommStats.allgather_bytes + sum(
+                         p["async_bytes"] for p in predictions)) / 2**20,
+                     "allgather_calls": zero3.CommStats.allgather_calls + sum(
+                         p["async_calls"] for p in predictions),
+                     "async_gathers": sum(p["async_calls"] for p in predictions)})
         del run, model
     dist.destroy_process_group()
     with open(f"{out_path}.{rank}", "w") as f:
@@ -192,9 +224,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"GPT {args.layers} layers, hidden {args.hidden}, batch {args.batch}x{args.seq}, "
           f"{args.world} CPU ranks (gloo), bf16 autocast, eager backend; per rank:")
-    print(f"{'setup':<16} {'rank':>4} {'peak MB':>9} {'predicted MB':>13} {'step ms':>9} "
-          f"{'allgather MB':>13} {'gathers':>8}")
+    print(f"{'setup':<16} {'rank':>4} {'peak MB':>9} {'timeline MB':>12} {'predicted MB':>13} {'step ms':>9} "
+          f"{'allgather MB':>13} {'gathers':>8} {'async':>6}")
     for r in rows:
-        print(f"{r['setup']:<16} {r['rank']:>4} {r['peak_mb']:>9.1f} {r['predicted_peak_mb']:>13.1f} "
-              f"{r['step_ms']:>9.1f} {r['allgather_mb_per_step']:>13.1f} {r['allgather_calls']:>8}")
+        print(f"{r['setup']:<16} {r['rank']:>4} {r['peak_mb']:>9.1f} {r['timeline_peak_mb']:>12.1f} {r['predicted_peak_mb']:>13.1f} "
+              f"{r['step_ms']:>9.1f} {r['allgather_mb_per_step']:>13.1f} {r['allgather_calls']:>8} {r['async_gathers']:>6}")
     return 0

@@ -66,6 +66,13 @@ def _train_and_compare(rank, world, kind, autocast, config=None):
                     assert len(v.shape) == 1 and v.shape[0] in shard_sizes, v
             assert any(c.startswith(("bw:dcr::allgather_cast", "bw:_c10d_functional::all_gather"))
                        for c in rep.collectives), "the backward should re-gather"
+        # The same graph gives the same decision on every rank: saved set, recomputed nodes,
+        # collectives and the re-gather schedule.
+        decisions = [(tuple(v.name for v in r.saved), r.recomputed, r.collectives, r.schedule)
+                     for r in dcr.reports()]
+        every_rank = [None] * world
+        dist.all_gather_object(every_rank, decisions)
+        assert all(d == every_rank[0] for d in every_rank), "ranks decided differently"
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
