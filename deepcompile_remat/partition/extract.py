@@ -44,6 +44,10 @@ def extract_fwd_bwd_modules(
     if raise_getitems is not None:  # getitems early: tuple outputs are freed sooner
         fw_module = raise_getitems(fw_module)
         bw_module = raise_getitems(bw_module)
+    thread_rng = getattr(_tp, "thread_graphsafe_rng_from_hops", None)
+    if thread_rng is not None:  # RNG-state inputs of partitioned HOP subgraphs (CUDA graphs)
+        fw_module = thread_rng(fw_module, is_backward=False)
+        bw_module = thread_rng(bw_module, is_backward=True)
     return fw_module, bw_module
 
 
