@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 POLICIES = ("conservative", "aggressive")
+ASYNC_GATHERS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,12 @@ class RematConfig:
     """Simulated peak a prefetch may reach; < 0: no higher than without prefetch."""
     bucket_bytes: int = 1 << 16
     """Gathers of at most this many bytes that land at one point share one collective."""
+    async_gathers: str = "auto"
+    """Issue a gather the schedule moved ahead of its use as an async start/wait pair (torch's
+    functional collectives) so communication overlaps compute. "auto": only where the
+    collective runs on its own stream (NCCL); gloo on CPU shares the cores it would overlap
+    with and, under concurrent collectives, has crashed in its worker threads (torch 2.13).
+    "on" / "off": always / never."""
     cse: bool = True
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = 1000
@@ -52,6 +59,9 @@ class RematConfig:
         if not isinstance(self.cast_before_gather, bool):
             raise ValueError("RematConfig.cast_before_gather must be a bool, got "
                              f"{type(self.cast_before_gather).__name__}")
+        if self.async_gathers not in ASYNC_GATHERS:
+            raise ValueError(f"RematConfig.async_gathers must be one of {ASYNC_GATHERS}, "
+                             f"got {self.async_gathers!r}")
         if not isinstance(self.cse, bool):
             raise ValueError(f"RematConfig.cse must be a bool, got {type(self.cse).__name__}")
         if self.parameter_indices is not None:

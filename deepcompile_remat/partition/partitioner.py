@@ -148,7 +148,8 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
         schedule = tuple(
             {"graph": tag, **schedule_gathers(
                 module, persistent_names=shard_names, max_prefetch=config.max_prefetch,
-                budget_bytes=config.prefetch_budget_bytes, bucket_bytes=config.bucket_bytes)}
+                budget_bytes=config.prefetch_budget_bytes, bucket_bytes=config.bucket_bytes,
+                async_gathers=config.async_gathers)}
             for tag, module in (("fw", fw_module), ("bw", bw_module)))
     t3 = time.perf_counter()
 

@@ -65,7 +65,7 @@ def memory_arrays(gm: fx.GraphModule, persistent_names: Iterable[str] = ()):
 
 def schedule_gathers(gm: fx.GraphModule, *, persistent_names: Iterable[str] = (),
                      max_prefetch: int = 2, budget_bytes: float = -1.0,
-                     bucket_bytes: float = 0.0) -> dict:
+                     bucket_bytes: float = 0.0, async_gathers: str = "auto") -> dict:
     """Reorders `gm` in place; returns the schedule's figures (simulated peaks, distance, buckets)."""
     nodes, nbytes, alias_of, is_input, persistent, keep, tails, heads = memory_arrays(
         gm, persistent_names)
@@ -95,7 +95,7 @@ def schedule_gathers(gm: fx.GraphModule, *, persistent_names: Iterable[str] = ()
         anchor.append(node)
         anchor = node
     buckets = _bucket(gm, nodes, s["bucket_of"])
-    prefetched = _split_prefetched(gm)
+    prefetched = _split_prefetched(gm) if _use_async(gm, async_gathers) else 0
     gm.graph.lint()
     gm.recompile()
     return {"gathers": int(is_gather.sum()), "prefetch_distance": int(s["prefetch_distance"]),
@@ -131,6 +131,22 @@ def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
             gm.graph.erase_node(m)
         made += 1
     return made
+
+
+def _use_async(gm: fx.GraphModule, async_gathers: str) -> bool:
+    """"auto": async start/wait only when every gather's group runs NCCL (see RematConfig)."""
+    if async_gathers != "auto":
+        return async_gathers == "on"
+    import torch.distributed as dist
+
+    from deepcompile_remat.zero3.ops import resolve_group
+
+    names = {n.args[2] for n in gm.graph.nodes if is_allgather_cast(n)}
+    try:
+        return bool(names) and all(dist.get_backend(resolve_group(name)) == "nccl"
+                                   for name in names)
+    except (RuntimeError, ValueError):  # no such group in this process: stay synchronous
+        return False
 
 
 def _split_prefetched(gm: fx.GraphModule) -> int:

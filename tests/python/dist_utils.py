@@ -1,4 +1,5 @@
 """Runs a test function on N ranks over gloo (spawned processes, a free local port)."""
+import faulthandler
 import os
 
 import torch.distributed as dist
@@ -11,6 +12,7 @@ def _entry(rank, world, port, fn, args):
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
+    faulthandler.enable()  # a crash on a rank prints where it happened
     inductor_config.fx_graph_cache = False
     functorch_config.enable_autograd_cache = False
     os.environ.setdefault("OMP_NUM_THREADS", "1")
