@@ -47,6 +47,11 @@ class RematPartitioner(CustomPartitionerFn):
         self.parameter_indices = None if parameter_indices is None else tuple(parameter_indices)
         self._partition_fn = make_partition_fn(config, parameter_indices=self.parameter_indices)
 
+    def __reduce__(self):
+        # inductor pickles its config into the FX-graph cache key; the bound partition_fn is a
+        # closure, so pickle what it is built from (else every compile misses the cache).
+        return (RematPartitioner, (self.config, self.parameter_indices))
+
     def __call__(self, gm, joint_inputs, **kwargs):
         kwargs.pop("compiler", None)
         return self._partition_fn(gm, joint_inputs, **kwargs)

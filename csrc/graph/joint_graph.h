@@ -25,7 +25,7 @@ enum class OpClass : uint8_t {
   kPointwise = 3,         // fusible elementwise op (incl. cheap creation ops)
   kReduction = 4,         // cheap fusible reduction (sum, mean, amax, var, ...)
   kComputeIntensive = 5,  // mm, bmm, convolution, attention: never recomputed by default
-  kRandom = 6,            // RNG op: never recomputed (its result could differ)
+  kRandom = 6,            // RNG or effectful op: never recomputed (result or effect differs)
   kGather = 7,            // parameter gather / wait (ZeRO-3 allgather, functional collectives)
   kGetItem = 8,           // element of a multi-output op's tuple
   kOther = 9,             // anything else: not fusible

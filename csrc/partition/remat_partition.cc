@@ -152,6 +152,10 @@ bool BanReason(const JointGraphView& g, int64_t v, RecomputeTag tag, RematPolicy
   const OpClass c = ClassOf(g, v);
   if (Has(g, v, kPrimal)) return *why = ArcWhy::kBanPrimal, true;
   if (Has(g, v, kForwardSeed)) return *why = ArcWhy::kBanSeed, true;
+  // A getitem's MUST_SAVE is how torch pins an effectful op's results (force_save_effectful_ops):
+  // honour it before the free-alias rule below, or the op could run again in the backward.
+  if (tag == RecomputeTag::kMustSave && c == OpClass::kGetItem)
+    return *why = ArcWhy::kBanMustSave, true;
   if (c == OpClass::kView || c == OpClass::kGetItem || c == OpClass::kPlaceholder) return false;
   if (tag == RecomputeTag::kMustSave) return *why = ArcWhy::kBanMustSave, true;
   if (c == OpClass::kRandom) return *why = ArcWhy::kBanRandom, true;

@@ -57,6 +57,15 @@ def _torch_op_lists():
             frozenset(ops.random_ops), frozenset(ops.view_ops))
 
 
+@functools.lru_cache(maxsize=1)
+def _with_effects():
+    try:
+        from torch._higher_order_ops.effects import with_effects
+    except ImportError:  # a torch without effect tokens
+        return None
+    return with_effects
+
+
 def classify(node: fx.Node) -> OpClass:
     if node.op == "placeholder":
         return OpClass.PLACEHOLDER
@@ -67,6 +76,10 @@ def classify(node: fx.Node) -> OpClass:
     target = node.target
     if target is operator.getitem:
         return OpClass.GETITEM
+    if target is _with_effects():
+        # An effectful op (I/O, RNG state, a collective): like a random op, running it again
+        # in the backward is not the same computation, so it is never recomputed.
+        return OpClass.RANDOM
     recomputable, compute_intensive, random, views = _torch_op_lists()
     if isinstance(target, torch._ops.OpOverload):
         if target.namespace in GATHER_NAMESPACES:

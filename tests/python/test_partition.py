@@ -13,6 +13,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 import deepcompile_remat as dcr
 from deepcompile_remat import RematConfig
 from deepcompile_remat.bench.models import GPT, MLP, Block, zoo
+from graph_checks import capture_partitions, parameter_copies_saved
 
 BACKENDS = ["eager", "inductor"]
 
@@ -122,21 +123,61 @@ def test_dropout_gradient_uses_the_forward_mask(kind, autocast):
     assert not any("rand" in op for op in last_report().backward_ops)
 
 
+# --- effectful ops ---------------------------------------------------------------------------
+
+_TALLY_CALLS = [0]
+
+
+@torch.library.custom_op("dcr_test::tally", mutates_args=())
+def _tally(x: torch.Tensor) -> torch.Tensor:
+    _TALLY_CALLS[0] += 1  # the side effect: must happen once per forward, never in backward
+    return x * 2
+
+
+_tally.register_fake(lambda x: torch.empty_like(x))
+_tally.register_autograd(lambda ctx, g: g * 2)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_effectful_op_runs_once_under_aggressive(kind):
+    """An effectful op (wrapped in with_effects) recomputed in the backward repeats its side
+    effect; under aggressive nothing but the policy stood in the way."""
+    from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+
+    handle = _register_effectful_op(torch.ops.dcr_test.tally.default, _EffectType.ORDERED)
+    try:
+        x = torch.randn(64, requires_grad=True)
+        _TALLY_CALLS[0] = 0
+        f = lambda x: (_tally(x.sin()).cos() * x).sum()  # noqa: E731
+        compile_and_backward(f, [x], kind, RematConfig(policy="aggressive"))
+        assert _TALLY_CALLS[0] == 1
+        assert not any("with_effects" in op for op in last_report().backward_ops)
+        ref = x.detach().clone().requires_grad_()
+        (torch.cos(2 * ref.sin()) * ref).sum().backward()
+        torch.testing.assert_close(x.grad, ref.grad)
+    finally:
+        if handle is not None:  # older torch returns no handle
+            handle.destroy()
+
+
 # --- ZeRO-3 marking ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_no_saved_value_is_derived_from_a_parameter_under_autocast(kind):
     model = GPT(layers=2)
     idx = torch.randint(0, 64, (2, 16))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with capture_partitions() as graphs, torch.autocast("cpu", dtype=torch.bfloat16):
         out = torch.compile(model, backend=dcr.backend(kind))(idx)
     out.float().mean().backward()
     rep = last_report()
     assert rep.parameter_aliases, "autocast casts of the weights should have been marked"
     saved = {v.name for v in rep.saved}
     assert not saved & set(rep.parameter_aliases), saved & set(rep.parameter_aliases)
-    # every saved value is a parameter itself or does not derive from one through aliases
-    assert all(v.dtype != "bfloat16" or not v.parameter for v in rep.saved)
+    # Independently of the marking: walk every saved value back through views, casts and
+    # copies; none may end at a parameter (only the parameter itself may be saved).
+    assert graphs and all(len(names) > 20 for _, _, names in graphs)
+    for fw, bw, names in graphs:
+        assert parameter_copies_saved(fw, bw, names) == []
 
 
 def capture_partition(fn, inputs, config, *, joint_inputs_empty=False, tag=None):
@@ -163,14 +204,19 @@ def test_marking_keeps_the_parameter_not_its_downcast_copy():
     # prefers the half-size bf16 copy; marking forbids it and the backward re-casts.
     x = torch.randn(8, 256, dtype=torch.bfloat16, requires_grad=True)
     w = nn.Parameter(torch.randn(256, 256))
-    _, marked = capture_partition(linear_bf16, [x, w], RematConfig(parameter_indices=[1]))
+    with capture_partitions() as graphs:
+        _, marked = capture_partition(linear_bf16, [x, w], RematConfig(parameter_indices=[1]))
     assert "primals_2" in {v.name for v in marked.saved}
     assert not {v.name for v in marked.saved} & set(marked.parameter_aliases)
+    assert parameter_copies_saved(*graphs[-1]) == []
     grad_marked = w.grad.clone()
     w.grad = None
-    _, unmarked = capture_partition(
-        linear_bf16, [x, w], RematConfig(parameter_indices=[1], mark_parameter_aliases=False))
+    with capture_partitions() as graphs:
+        _, unmarked = capture_partition(
+            linear_bf16, [x, w], RematConfig(parameter_indices=[1], mark_parameter_aliases=False))
     assert any(v.dtype == "bfloat16" and v.shape == (256, 256) for v in unmarked.saved)
+    # the independent check sees the leak the marking prevents
+    assert len(parameter_copies_saved(*graphs[-1])) == 1
     torch.testing.assert_close(w.grad, grad_marked)
 
 

@@ -1,0 +1,87 @@
+"""Checks on partitioned graphs that do not trust the partitioner's own bookkeeping.
+
+`capture_partitions()` records the (forward, backward) modules every partition returns, for
+both backends; `parameter_copies_saved()` then walks each saved value back through views, casts
+and gathers with its own op list, so a leak the C++ marking misses cannot hide behind the
+marking's own report.
+"""
+import contextlib
+import operator
+
+import torch
+import torch.fx as fx
+
+_CASTS = {"_to_copy", "to", "convert_element_type", "_autocast_to_reduced_precision",
+          "_autocast_to_full_precision", "clone", "contiguous"}
+_GATHER_NAMESPACES = {"dcr", "_c10d_functional", "c10d_functional"}
+
+
+def _alias_step(node: fx.Node):
+    """The input a view, cast, copy, gather or getitem derives `node` from, or None."""
+    if node.op != "call_function":
+        return None
+    t = node.target
+    if t is operator.getitem:
+        return node.args[0]
+    if isinstance(t, torch._ops.OpOverload):
+        if t.namespace in _GATHER_NAMESPACES or t.is_view or t.overloadpacket.__name__ in _CASTS:
+            first = node.args[0]
+            if isinstance(first, (list, tuple)):  # bucketed gather: its shards
+                return first[0] if len(first) == 1 else None
+            return first if isinstance(first, fx.Node) else None
+    return None
+
+
+def _passes_through_gather(node: fx.Node) -> bool:
+    t = node.target
+    return isinstance(t, torch._ops.OpOverload) and t.namespace in _GATHER_NAMESPACES
+
+
+def saved_names(bw: fx.GraphModule) -> list[str]:
+    return [n.name for n in bw.graph.nodes
+            if n.op == "placeholder" and not n.name.startswith("tangents")]
+
+
+def parameter_copies_saved(fw: fx.GraphModule, bw: fx.GraphModule,
+                           parameter_names=()) -> list[str]:
+    """Saved values that are a gathered, viewed, cast or copied parameter (not the parameter
+    itself): a chain of alias steps from the saved node that passes through a gather, or ends
+    at one of `parameter_names` (forward placeholders)."""
+    by_name = {n.name: n for n in fw.graph.nodes}
+    leaks = []
+    for name in saved_names(bw):
+        node, steps, gathered = by_name.get(name), 0, False
+        while node is not None:
+            prev = _alias_step(node)
+            if prev is None:
+                break
+            gathered |= _passes_through_gather(node)
+            node, steps = prev, steps + 1
+        if steps and (gathered or (node is not None and node.op == "placeholder"
+                                   and node.name in parameter_names)):
+            leaks.append(name)
+    return leaks
+
+
+@contextlib.contextmanager
+def capture_partitions():
+    """Yields a list that fills with (fw, bw, parameter_names) for every partition made inside
+    the block; parameter_names are the forward placeholders of the primals the backend passed
+    as parameters (nn.Parameter inputs), in the order of the joint graph's primals."""
+    from deepcompile_remat.partition import partitioner
+
+    seen, original = [], partitioner.partition_joint_graph
+
+    def recording(joint_module, *args, **kwargs):
+        primals = [n.name for n in joint_module.graph.nodes
+                   if n.op == "placeholder" and n.name.startswith("primals")]
+        indices = kwargs.get("parameter_indices") or kwargs["config"].parameter_indices or ()
+        fw, bw = original(joint_module, *args, **kwargs)
+        seen.append((fw, bw, {primals[i] for i in indices}))
+        return fw, bw
+
+    partitioner.partition_joint_graph = recording
+    try:
+        yield seen
+    finally:
+        partitioner.partition_joint_graph = original
