@@ -1,6 +1,7 @@
 """Runs a test function on N ranks over gloo (spawned processes, a free local port)."""
 import faulthandler
 import os
+import time
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -24,6 +25,18 @@ def _entry(rank, world, port, fn, args):
         dist.destroy_process_group()
 
 
-def run_ranks(fn, world: int = 2, *args) -> None:
-    """fn(rank, world, *args) on `world` processes; an assertion on any rank fails the test."""
-    mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=True)
+RANKS_TIMEOUT_S = 300.0
+
+
+def run_ranks(fn, world: int = 2, *args, timeout_s: float = RANKS_TIMEOUT_S) -> None:
+    """fn(rank, world, *args) on `world` processes; an assertion on any rank fails the test,
+    and so does a run past timeout_s (ranks that disagree hang in a collective)."""
+    ctx = mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=False)
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise AssertionError(
+                f"{fn.__name__} on {world} ranks did not finish in {timeout_s:.0f} s: a hang "
+                "(ranks waiting in mismatched collectives?)")

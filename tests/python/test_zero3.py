@@ -109,6 +109,28 @@ def _auto_on_gloo(rank, world):
     assert not any("wait_tensor" in op for r in dcr.reports() for op in r.backward_ops)
 
 
+def _dynamic_shapes_same_decision(rank, world, kind):
+    """Each rank sees its own sequence lengths first, so its size hints differ; the cut (and
+    what it costs) must not, or the ranks re-gather different weights and hang."""
+    torch.manual_seed(0)
+    model = zero3.shard(GPT(layers=2))
+    run = torch.compile(model, backend=dcr.backend(kind), dynamic=True)
+    for seq in (8 + 3 * rank, 10 + 4 * rank):  # max_t is 16
+        _loss(run(torch.randint(0, 64, (2, seq)))).backward()
+    reps = dcr.reports()
+    assert reps and any(not isinstance(d, int) for r in reps for v in r.saved for d in v.shape)
+    decisions = [(tuple((v.name, v.bytes) for v in r.saved), r.recomputed, r.collectives,
+                  r.schedule) for r in reps]
+    every_rank = [None] * world
+    dist.all_gather_object(every_rank, decisions)
+    assert all(d == every_rank[0] for d in every_rank), "ranks costed or cut differently"
+
+
+@pytest.mark.parametrize("kind", ["eager", "inductor"])
+def test_dynamic_shapes_give_the_same_decision_on_every_rank(kind):
+    run_ranks(_dynamic_shapes_same_decision, 2, kind)
+
+
 def _gathers_are_downcast(rank, world, kind):
     torch.manual_seed(0)
     model = zero3.shard(MLP(d=24))  # Linear layers only: every weight is used in bf16 only
