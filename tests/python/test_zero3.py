@@ -11,6 +11,7 @@ import deepcompile_remat as dcr
 from deepcompile_remat import zero3
 from deepcompile_remat.bench.models import GPT, MLP
 from dist_utils import run_ranks
+from graph_checks import capture_partitions, parameter_copies_saved
 
 STEPS, GLOBAL_BATCH = 3, 4
 
@@ -45,7 +46,8 @@ def _train_and_compare(rank, world, kind, autocast, config=None):
 
     zero3.shard(model)
     run = model if kind == "uncompiled" else torch.compile(model, backend=dcr.backend(kind, config))
-    losses = _train(model, local, autocast, run)
+    with capture_partitions() as graphs:
+        losses = _train(model, local, autocast, run)
     ref_losses = _train(reference, batches, autocast)
 
     tol = dict(rtol=3e-2, atol=3e-2) if autocast else dict(rtol=1e-4, atol=1e-5)
@@ -66,6 +68,11 @@ def _train_and_compare(rank, world, kind, autocast, config=None):
                     assert len(v.shape) == 1 and v.shape[0] in shard_sizes, v
             assert any(c.startswith(("bw:dcr::allgather_cast", "bw:_c10d_functional::all_gather"))
                        for c in rep.collectives), "the backward should re-gather"
+        # Independently of the marking's own report: no saved value is reached from a gather
+        # through views and casts (a gathered weight kept alive into the backward).
+        assert graphs
+        for fw, bw, _ in graphs:
+            assert parameter_copies_saved(fw, bw) == []
         # The same graph gives the same decision on every rank: saved set, recomputed nodes,
         # collectives and the re-gather schedule.
         decisions = [(tuple(v.name for v in r.saved), r.recomputed, r.collectives, r.schedule)
@@ -236,3 +243,18 @@ def _changed_after_shard(rank, world):
 
 def test_parameters_changed_after_sharding():
     run_ranks(_changed_after_shard, 2)
+
+
+def _unmarked_gathers_are_seen(rank, world):
+    model = zero3.shard(GPT(layers=2))
+    config = dcr.RematConfig(mark_parameter_aliases=False)
+    with capture_partitions() as graphs, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(model, backend=dcr.backend("eager", config))(torch.randint(0, 64, (2, 16)))
+    out.float().mean().backward()
+    assert any(parameter_copies_saved(fw, bw) for fw, bw, _ in graphs)
+
+
+def test_saved_set_check_sees_gathers_without_the_marking():
+    """The independent saved-set check above can fail: without the marking, the cut keeps a
+    gathered weight for the backward, and the check finds it."""
+    run_ranks(_unmarked_gathers_are_seen, 1)
