@@ -12,7 +12,8 @@ slots are then all-gathered in place, so a bf16/fp16 gather moves half the bytes
 and no full fp32 copy of the weight is ever made.
 
     CPU (gloo): the C++ kernel (deepcompile_remat._C) casts into the slots, then one
-                all_gather_into_tensor per output, all issued async (one handle for the bucket);
+                all_gather_into_tensor per output (issued together when async_op, one
+                handle for the bucket; one after another otherwise);
     CUDA:       deepcompile_remat._cuda casts all shards in one launch and gathers them in one
                 NCCL group on a side stream ordered after the current stream.
 
@@ -110,15 +111,21 @@ def _fill_slots_cpu(shards, outputs, dtype, rank: int) -> None:
                               option.canonical_nan)
 
 
-def _gather_cpu(outputs, shards, group, world: int, rank: int) -> list:
-    """Async in-place gather per output into one tensor; returns the works. The transfer is
-    bytes only, so outputs travel as uint8 (gloo knows neither int16 nor, everywhere, bf16)."""
+def _gather_cpu(outputs, shards, group, world: int, rank: int, async_op: bool) -> list:
+    """In-place gather per output; returns the works still pending. The transfer is bytes
+    only, so outputs travel as uint8 (gloo knows neither int16 nor, everywhere, bf16). A
+    synchronous call waits for each gather before the next: gloo's worker threads have crashed
+    under many concurrent collectives of one group, and nothing overlaps them then anyway."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     works = []
     for o in outputs:
         flat = o.view(torch.uint8)
         slot = flat.view(world, -1)[rank]
-        works.append(gather(flat, slot, group=group, async_op=True))
+        work = gather(flat, slot, group=group, async_op=True)
+        if async_op:
+            works.append(work)
+        else:
+            work.wait()
     return works
 
 
@@ -191,6 +198,6 @@ def allgather_cast(shards: Sequence[torch.Tensor], outputs: Optional[Sequence[to
         raise ValueError(f"allgather_cast supports cpu and cuda tensors, not {shards[0].device}")
     with torch.no_grad():
         _fill_slots_cpu(shards, outputs, dtype, rank)
-    works = _gather_cpu(outputs, shards, group, world, rank) if world > 1 else []
+    works = _gather_cpu(outputs, shards, group, world, rank, async_op) if world > 1 else []
     handle = AllGatherHandle(outputs, works=works)
     return handle if async_op else handle.wait()

@@ -151,23 +151,30 @@ def test_two_rank_gloo_matches_torch():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("start", [0, 1, 2, 3])
-def test_cuda_kernel_bit_identical_to_torch(dtype, start):
+@pytest.mark.parametrize("path", ["vector", "scalar"])
+def test_cuda_kernel_bit_identical_to_torch(dtype, start, path):
+    """Source `start` floats past a 16-byte boundary (a scalar head of (4 - start) % 4);
+    destination offset chosen so the float4 body runs after that head ("vector": dst + head
+    8-byte aligned) or cannot run ("scalar")."""
     if not ops.cuda_available():
         pytest.fail(f"CUDA device present but _cuda not built: {ops.cuda_build_info()}")
     from deepcompile_remat import _cuda
 
-    srcs = [nasty_fp32(n + start, seed=n)[start:].cuda() for n in (1, 3, 17, 4099, 1 << 20)]
+    # Offsets on the device buffers themselves: .cuda() of a CPU view would realign them.
+    srcs = [nasty_fp32(n + start, seed=n).cuda()[start:] for n in (1, 3, 17, 4099, 1 << 20)]
+    dst_offset = start + (0 if path == "vector" else 1)
     option = ops.torch_nan_option("cuda", dtype)
     assert option is not None
-    outs = [torch.full((s.numel() + 3,), -1, dtype=torch.int16, device="cuda") for s in srcs]
+    outs = [torch.full((s.numel() + 8,), -1, dtype=torch.int16, device="cuda") for s in srcs]
     stream = torch.cuda.current_stream()
-    _cuda.cast_into_slots([s.data_ptr() for s in srcs], [o[1:].data_ptr() for o in outs],
+    _cuda.cast_into_slots([s.data_ptr() for s in srcs], [o[dst_offset:].data_ptr() for o in outs],
                           [s.numel() for s in srcs], str(dtype).split(".")[1], option.nan_mode,
                           option.canonical_nan, stream.cuda_stream)
     for s, o in zip(srcs, outs):
         o = o.cpu()
-        np.testing.assert_array_equal(o[1:1 + s.numel()].numpy().view(np.uint16), bits(s.to(dtype)))
-        assert o[0] == -1 and (o[1 + s.numel():] == -1).all()
+        got = o[dst_offset:dst_offset + s.numel()].numpy().view(np.uint16)
+        np.testing.assert_array_equal(got, bits(s.to(dtype)))
+        assert (o[:dst_offset] == -1).all() and (o[dst_offset + s.numel():] == -1).all()
 
 
 @pytest.mark.gpu

@@ -1,0 +1,102 @@
+"""allgather_cast on one GPU: the NCCL communicator path, no allocation beyond the outputs,
+and stream safety (ordering after the producer, blocks not reused while the side stream reads
+them). Skipped without a CUDA device; run on the GPU machine by scripts/gpu_check.sh."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from deepcompile_remat import ops
+from deepcompile_remat.bench.ports import free_port
+from deepcompile_remat.ops import cuda_module
+from test_cast_ops import DTYPES, nasty_fp32
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU spin: long enough for a missing wait to show
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    view = torch.int16 if a.element_size() == 2 else torch.int32
+    return torch.equal(a.view(view), b.view(view))
+
+
+@pytest.fixture
+def nccl_world_one():
+    if not ops.cuda_available():
+        pytest.fail(f"CUDA device present but _cuda not built: {ops.cuda_build_info()}")
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1, device_id=torch.device("cuda", 0))
+    yield
+    ops.destroy_communicators()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [None])
+def test_nccl_communicator_path_bit_identical(nccl_world_one, dtype):
+    """World size 1 skips NCCL in allgather_cast; drive the communicator itself (created from
+    the process group, grouped in-place allgather, destroyed) so that path runs on one GPU."""
+    device = torch.device("cuda", 0)
+    shards = [nasty_fp32(n, seed=n).cuda() for n in (1, 5, 4099, 1 << 18)]
+    out_dtype = torch.float32 if dtype is None else dtype
+    outs = [torch.empty(s.numel(), dtype=out_dtype, device=device) for s in shards]
+    comm = cuda_module.communicator(dist.group.WORLD, device)
+    assert (comm.world_size, comm.rank) == (1, 0)
+    assert cuda_module.communicator(dist.group.WORLD, device) is comm  # cached per group
+    option = ops.torch_nan_option("cuda", dtype) if dtype is not None else None
+    fill = "copy" if dtype is None else str(dtype).split(".")[1]
+    compute = torch.cuda.current_stream(device)
+    side = cuda_module.comm_stream(device)
+    event = comm.allgather_cast(
+        [s.data_ptr() for s in shards], [o.data_ptr() for o in outs], [s.numel() for s in shards],
+        fill, outs[0].element_size(), option.nan_mode if option else "quiet",
+        option.canonical_nan if option else 0, compute.cuda_stream, side.cuda_stream)
+    event.wait(compute.cuda_stream)
+    for s, o in zip(shards, outs):
+        assert _same_bits(o, s if dtype is None else s.to(dtype))
+    ops.destroy_communicators()
+    assert comm.destroyed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_no_allocation_beyond_the_outputs(dtype):
+    """The fused path casts straight into the given outputs: no fp32 full weight, no staging
+    buffer, nothing else from the caching allocator."""
+    shards = [nasty_fp32(n, seed=n).cuda() for n in (3, 4099, 1 << 20)]
+    outs = [torch.empty(s.numel(), dtype=dtype, device="cuda") for s in shards]
+    ops.allgather_cast(shards, outputs=outs, dtype=dtype)  # warm: side stream, NaN probe
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    ops.allgather_cast(shards, outputs=outs, dtype=dtype)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() == before
+    for s, o in zip(shards, outs):
+        assert _same_bits(o, s.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stream_safety_under_concurrent_streams(dtype):
+    """The side stream must (1) start after the compute stream produced the shards, and
+    (2) keep the shards' blocks from being handed out again while it still reads them."""
+    device = torch.device("cuda", 0)
+    base = [nasty_fp32(n, seed=n).cuda() for n in (17, 1 << 20)]
+    expected = [b.to(dtype) for b in base]
+    busy = torch.cuda.Stream()  # a concurrent compute stream, kept busy throughout
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(SLEEP_CYCLES)
+    side = cuda_module.comm_stream(device)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)  # the cast starts late: any reuse would show
+    torch.cuda._sleep(SLEEP_CYCLES)  # the producer finishes late: a missing wait would show
+    shards = [b * 1 for b in base]
+    handle = ops.allgather_cast(shards, dtype=dtype, async_op=True)
+    del shards
+    outs = handle.wait()
+    # Same sizes from the same stream: without record_stream these would be the freed blocks.
+    junk = [torch.full_like(b, float("nan")) for b in base]
+    for o, e in zip(outs, expected):
+        assert _same_bits(o, e)
+    del junk
+    torch.cuda.synchronize()
