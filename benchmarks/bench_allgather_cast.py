@@ -69,6 +69,7 @@ def bench_cast_kernel(shards, iters: int) -> dict:
     gbs = lambda ms: elements * 6 / (ms * 1e-3) / 1e9  # noqa: E731
     return {"elements": elements, "cast_ms": cast_ms, "cast_GBps": gbs(cast_ms),
             "d2d_copy_ms": copy_ms, "d2d_copy_GBps": gbs(copy_ms),
+            "cast_fraction_of_copy": copy_ms / cast_ms, "target_fraction": 0.85,
             "torch_per_tensor_cast_ms": torch_ms, "torch_per_tensor_cast_GBps": gbs(torch_ms)}
 
 
