@@ -28,6 +28,12 @@ def parameter_indices_of(example_inputs: Sequence[Any]) -> list[int]:
     return [i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter)]
 
 
+def _parameters(config: RematConfig, example_inputs: Sequence[Any]) -> Sequence[int]:
+    if config.parameter_indices is not None:  # explicit, even when empty
+        return config.parameter_indices
+    return parameter_indices_of(example_inputs)
+
+
 @functools.lru_cache(maxsize=1)
 def _source_digest() -> str:
     """Hash of the partitioner's Python sources and native module: part of the cache key."""
@@ -42,15 +48,18 @@ def _source_digest() -> str:
 class RematPartitioner(CustomPartitionerFn):
     """Our partition_fn behind inductor's custom-partitioner hook."""
 
-    def __init__(self, config: RematConfig, parameter_indices: Optional[Sequence[int]]) -> None:
+    def __init__(self, config: RematConfig, parameter_indices: Optional[Sequence[int]],
+                 num_graph_inputs: Optional[int] = None) -> None:
         self.config = config
         self.parameter_indices = None if parameter_indices is None else tuple(parameter_indices)
-        self._partition_fn = make_partition_fn(config, parameter_indices=self.parameter_indices)
+        self.num_graph_inputs = num_graph_inputs
+        self._partition_fn = make_partition_fn(config, parameter_indices=self.parameter_indices,
+                                               num_graph_inputs=num_graph_inputs)
 
     def __reduce__(self):
         # inductor pickles its config into the FX-graph cache key; the bound partition_fn is a
         # closure, so pickle what it is built from (else every compile misses the cache).
-        return (RematPartitioner, (self.config, self.parameter_indices))
+        return (RematPartitioner, (self.config, self.parameter_indices, self.num_graph_inputs))
 
     def __call__(self, gm, joint_inputs, **kwargs):
         kwargs.pop("compiler", None)
@@ -58,7 +67,8 @@ class RematPartitioner(CustomPartitionerFn):
 
     def uuid(self) -> str:
         # Stable across processes: same sources, config and parameter layout -> same key.
-        return f"deepcompile_remat:{_source_digest()}:{self.config!r}:{self.parameter_indices}"
+        return (f"deepcompile_remat:{_source_digest()}:{self.config!r}:{self.parameter_indices}:"
+                f"{self.num_graph_inputs}")
 
 
 def eager_graph_compiler() -> Callable:
@@ -81,10 +91,10 @@ def _eager_backend(config: RematConfig) -> Callable:
     boxed_nop = eager_graph_compiler()
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
-        params = config.parameter_indices or parameter_indices_of(example_inputs)
         return aot_autograd(
             fw_compiler=boxed_nop, bw_compiler=boxed_nop,
-            partition_fn=make_partition_fn(config, parameter_indices=params),
+            partition_fn=make_partition_fn(config, parameter_indices=_parameters(config, example_inputs),
+                                           num_graph_inputs=len(example_inputs)),
         )(gm, example_inputs)
 
     return compile_fn
@@ -94,8 +104,9 @@ def _inductor_backend(config: RematConfig) -> Callable:
     from torch._inductor.compile_fx import compile_fx
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
-        params = config.parameter_indices or parameter_indices_of(example_inputs)
-        with torch._inductor.config.patch(custom_partitioner_fn=RematPartitioner(config, params)):
+        partitioner = RematPartitioner(config, _parameters(config, example_inputs),
+                                       len(example_inputs))
+        with torch._inductor.config.patch(custom_partitioner_fn=partitioner):
             return compile_fx(gm, example_inputs)
 
     return compile_fn

@@ -9,6 +9,7 @@ torch's helper (extract.py) -> record a PartitionReport.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -22,6 +23,7 @@ from deepcompile_remat.partition import extract, fx_export, report
 from deepcompile_remat.partition.op_classes import OpClass
 
 PartitionConflictError = _C.PartitionConflictError
+log = logging.getLogger(__name__)
 
 _POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPolicy.aggressive}
 _TANGENT_CLOSURE, _PARAMETER_ALIAS = 1 << 1, 1 << 5  # dcr::NodeInfoBit
@@ -100,10 +102,22 @@ def partition_joint_graph(
     config: RematConfig,
     static_lifetime_input_indices: Optional[Sequence[int]] = None,
     parameter_indices: Optional[Sequence[int]] = None,
+    num_graph_inputs: Optional[int] = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """num_graph_inputs: how many inputs `parameter_indices` counts (the backend's example
+    inputs); where the joint graph has another number of primals (effect tokens, flattened
+    tensor subclasses), those indices would name the wrong primals."""
     # Lazy GraphModules (as inductor compiles them): code is generated on first call, not here.
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
+    if parameter_indices is not None and num_graph_inputs is not None:
+        num_primals = sum(1 for n in joint_module.graph.nodes if fx_export.is_primal(n))
+        if num_primals != num_graph_inputs:
+            log.warning(
+                "deepcompile_remat: the joint graph has %d primals but the backend saw %d graph "
+                "inputs, so its parameter indices do not line up; marking AOTAutograd's "
+                "static-lifetime inputs as the parameters instead.", num_primals, num_graph_inputs)
+            parameter_indices = tuple(static_lifetime_input_indices or ())
     with _use_lazy_graph_module(True):
         return _partition_joint_graph(
             joint_module, num_fwd_outputs=num_fwd_outputs, config=config,
@@ -178,8 +192,11 @@ def make_partition_fn(
     config: Optional[RematConfig] = None,
     *,
     parameter_indices: Optional[Sequence[int]] = None,
+    num_graph_inputs: Optional[int] = None,
 ) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
-    """A partition function with AOTAutograd's contract, bound to `config`."""
+    """A partition function with AOTAutograd's contract, bound to `config`. parameter_indices
+    (default: config.parameter_indices, else AOTAutograd's static-lifetime inputs) count the
+    num_graph_inputs inputs a backend saw; see partition_joint_graph."""
     config = config if config is not None else RematConfig()
     if not isinstance(config, RematConfig):
         raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
@@ -189,7 +206,7 @@ def make_partition_fn(
         return partition_joint_graph(
             joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, config=config,
             static_lifetime_input_indices=static_lifetime_input_indices,
-            parameter_indices=parameter_indices)
+            parameter_indices=parameter_indices, num_graph_inputs=num_graph_inputs)
 
     return partition_fn
 

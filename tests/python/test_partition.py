@@ -160,6 +160,31 @@ def test_effectful_op_runs_once_under_aggressive(kind):
             handle.destroy()
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_parameters_found_when_effect_tokens_shift_the_primals(kind):
+    """An effectful op adds a token primal ahead of the graph inputs, so the backend's
+    nn.Parameter indices no longer name the right primals; the weight's bf16 copy must still
+    be marked, not the token or the activation."""
+    from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+
+    handle = _register_effectful_op(torch.ops.dcr_test.tally.default, _EffectType.ORDERED)
+    try:
+        lin = nn.Linear(16, 16)
+        x = torch.randn(4, 16)
+        with capture_partitions() as graphs, torch.autocast("cpu", dtype=torch.bfloat16):
+            out = torch.compile(lambda x: _tally(lin(x)).relu(), backend=dcr.backend(kind),
+                                fullgraph=True)(x)
+        out.float().sum().backward()
+        rep = last_report()
+        assert rep.parameter_aliases, rep
+        for fw, bw, names in graphs:
+            assert len(names) == 2  # weight and bias, found among 4 primals
+            assert parameter_copies_saved(fw, bw, names) == []
+    finally:
+        if handle is not None:
+            handle.destroy()
+
+
 # --- ZeRO-3 marking ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", BACKENDS)
