@@ -112,6 +112,25 @@ def value_bytes(val) -> float:
     return 0.0
 
 
+def is_free_object(node: fx.Node, val) -> bool:
+    """A non-tensor value the backward may take by reference at no cost, as torch's partitioner
+    treats it: compiled autograd's BackwardState, a (fake) script object, an opaque object."""
+    from deepcompile_remat.partition.extract import is_opaque_node
+
+    kinds = []
+    try:
+        from torch.fx.experimental._backward_state import BackwardState
+        kinds.append(BackwardState)
+    except ImportError:
+        pass
+    try:
+        from torch._library.fake_class_registry import FakeScriptObject
+        kinds.append(FakeScriptObject)
+    except ImportError:
+        pass
+    return isinstance(val, (torch.ScriptObject, *kinds)) or is_opaque_node(node)
+
+
 def is_symint_like(val) -> bool:
     return isinstance(val, (torch.SymInt, torch.SymBool))
 
@@ -187,7 +206,7 @@ def export_joint_graph(
             nbytes[i] = _SYMINT_BYTES
         elif isinstance(val, torch.Tensor):
             nbytes[i] = value_bytes(val)
-        else:
+        elif not is_free_object(node, val):  # free objects: saved by reference, cost 0
             f |= NodeFlag.NON_TENSOR
             nbytes[i] = value_bytes(val)
         flags[i] = int(f)

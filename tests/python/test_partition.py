@@ -400,3 +400,25 @@ def test_deepspeed_config_block(tmp_path):
     bad.write_text('{"deepcompile_remat": {"enabled": true, "polcy": "aggressive"}}')
     with pytest.raises(ValueError, match=r"ds.json: deepcompile_remat: unknown key 'polcy'"):
         config_from_deepspeed(bad)
+
+
+def test_backward_state_is_free_to_save():
+    """Compiled autograd's BackwardState reaches the backward by reference: like torch, cost
+    it 0 rather than 'cannot be saved' (which made a graph that needs it unpartitionable)."""
+    import torch.fx as fx
+    from torch.fx.experimental._backward_state import BackwardState
+
+    from deepcompile_remat.partition import fx_export
+
+    g = fx.Graph()
+    x, state, tangent = g.placeholder("primals_1"), g.placeholder("primals_2"), g.placeholder(
+        "tangents_1")
+    y = g.call_function(torch.ops.aten.sin.default, (x,))
+    g.output([y, tangent])
+    for node, val in ((x, torch.empty(8)), (state, BackwardState()), (tangent, torch.empty(8)),
+                      (y, torch.empty(8))):
+        node.meta["val"] = val
+    exported = fx_export.export_joint_graph(fx.GraphModule({}, g), num_fwd_outputs=1)
+    flags = [fx_export.NodeFlag(int(f)) for f in exported.flags]
+    assert not flags[1] & fx_export.NodeFlag.NON_TENSOR and exported.bytes[1] == 0
+    assert flags[1] & fx_export.NodeFlag.PRIMAL
