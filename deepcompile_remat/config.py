@@ -47,7 +47,7 @@ class RematConfig:
     keep_reports: int = 1000
     """How many PartitionReports this process keeps (oldest dropped first)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    """Sections owned by other modules (e.g. "zero3"); validated there."""
+    """Keys of the JSON block that are not settings ("enabled", read by deepspeed.py)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -93,9 +93,9 @@ class RematConfig:
         for key, value in block.items():
             if key in known:
                 kwargs[key] = value
-            elif key in ("enabled", "zero3"):
+            elif key == "enabled":
                 extra[key] = value
             else:
                 raise ValueError(
-                    f"{where}: unknown key {key!r}; known keys: {sorted(known | {'enabled', 'zero3'})}")
+                    f"{where}: unknown key {key!r}; known keys: {sorted(known | {'enabled'})}")
         return cls(**kwargs, extra=extra)

@@ -12,6 +12,7 @@ weight is freed at its last use like any other value. Tied parameters share one 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,6 +33,7 @@ class ShardSpec:
     group_name: str
 
 
+log = logging.getLogger(__name__)
 _SPECS_ATTR = "_dcr_shard_specs"
 _sharded_classes: dict = {}
 
@@ -70,6 +72,17 @@ def _resolve_group(group):
     return group
 
 
+def _check_backend_serves(module: nn.Module, group) -> None:
+    """The group's backend must move tensors where the parameters live (CPU: gloo)."""
+    backend = str(dist.get_backend(group)).lower()
+    devices = sorted({p.device.type for p in module.parameters()})
+    if "cpu" in devices and "gloo" not in backend and "mpi" not in backend:
+        raise ValueError(
+            f"deepcompile_remat.zero3.shard: the module has parameters on cpu but the process "
+            f"group's backend is {backend!r}, which cannot gather cpu tensors; use a gloo group "
+            f"(or move the module to the GPU first)")
+
+
 def _check_ranks_agree(module: nn.Module, group) -> None:
     """Every rank must shard the same parameters with the same shapes, or the gathers hang."""
     layout = [(n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()]
@@ -95,11 +108,25 @@ def is_sharded(module: nn.Module) -> bool:
 
 
 def shard(module: nn.Module, group=None, *, config=None) -> nn.Module:
-    """Shards `module`'s parameters in place over `group` (default: WORLD); returns it."""
-    del config  # reserved: the zero3 section of RematConfig (bucketing, prefetch budget)
+    """Shards `module`'s parameters in place over `group` (default: WORLD); returns it.
+
+    config: the RematConfig the module will be compiled with, if you want it checked here.
+    Sharding itself reads none of its fields (cast-before-gather, the re-gather schedule and
+    prefetch act at compile time, through the backend), but a config that turns the ZeRO-3
+    marking off would keep every gathered weight alive into the backward: that is warned."""
+    if config is not None:
+        from deepcompile_remat.config import RematConfig
+
+        if not isinstance(config, RematConfig):
+            raise TypeError("deepcompile_remat.zero3.shard: config must be a RematConfig, got "
+                            f"{type(config).__name__}")
+        if not config.mark_parameter_aliases:
+            log.warning("deepcompile_remat.zero3.shard: config.mark_parameter_aliases is False, "
+                        "so compiled graphs may save gathered weights for the backward")
     if is_sharded(module):
         raise ValueError("deepcompile_remat.zero3.shard: module is already sharded")
     group = _resolve_group(group)
+    _check_backend_serves(module, group)
     _check_ranks_agree(module, group)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     group_name = group.group_name

@@ -230,6 +230,30 @@ def test_ranks_with_different_models():
     run_ranks(_mismatched_models, 2)
 
 
+def _wrong_groups_and_config(rank, world):
+    only_rank0 = dist.new_group([0])  # every rank takes part in creating it
+    if rank == 1:
+        with pytest.raises(ValueError, match="not a member"):
+            zero3.shard(MLP(), group=only_rank0)
+    with pytest.raises(TypeError, match="config must be a RematConfig"):
+        zero3.shard(MLP(), config={"policy": "aggressive"})
+
+
+def test_process_group_and_config_mismatch():
+    run_ranks(_wrong_groups_and_config, 2)
+
+
+def test_group_backend_that_cannot_move_cpu_tensors(monkeypatch):
+    import importlib
+
+    shard_module = importlib.import_module("deepcompile_remat.zero3.shard")
+    # an NCCL-only group, without needing a GPU to create one
+    monkeypatch.setattr(shard_module.dist, "get_backend", lambda group: "nccl")
+    with pytest.raises(ValueError, match="parameters on cpu but the process group's backend "
+                                         "is 'nccl'"):
+        shard_module._check_backend_serves(MLP(), object())
+
+
 def _changed_after_shard(rank, world):
     model = zero3.shard(MLP(d=8))
     model.fc1.weight = nn.Parameter(torch.randn(32, 8))
