@@ -144,6 +144,7 @@ def format_rows(rows: Sequence[dict], networkx_limit_s: float) -> str:
         ("nodes", lambda r: f"{r['nodes']:,}"),
         ("arcs", lambda r: f"{r['arcs']:,}"),
         ("ours ms", lambda r: f"{r['ours_ms']:.2f}"),
+        ("ours ns/arc", lambda r: f"{r['ours_ms'] * 1e6 / r['arcs']:.0f}"),
         ("bk ms", lambda r: f"{r['bk_ms']:.2f}"),
         ("networkx ms", lambda r: skipped if r["networkx_ms"] is None
          else f"{r['networkx_ms']:.1f}"),
@@ -151,5 +152,6 @@ def format_rows(rows: Sequence[dict], networkx_limit_s: float) -> str:
         ("agree", lambda r: "yes" if r["agree"] else "NO"),
     ]
     note = ("nodes: joint-graph nodes (the flow network has 2 * nodes + 2); arcs: flow-network "
-            "arcs; ours: Dinic (the default); bk: Boykov-Kolmogorov; ratio: networkx / ours; agree: all cut values equal")
+            "arcs; ours: Dinic (the default); ours ns/arc: time per arc (flat = linear growth); "
+            "bk: Boykov-Kolmogorov; ratio: networkx / ours; agree: all cut values equal")
     return format_table(rows, columns) + "\n" + note
