@@ -10,6 +10,7 @@ hang in mismatched collectives.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
@@ -112,12 +113,9 @@ def value_bytes(val) -> float:
     return 0.0
 
 
-def is_free_object(node: fx.Node, val) -> bool:
-    """A non-tensor value the backward may take by reference at no cost, as torch's partitioner
-    treats it: compiled autograd's BackwardState, a (fake) script object, an opaque object."""
-    from deepcompile_remat.partition.extract import is_opaque_node
-
-    kinds = []
+@functools.lru_cache(maxsize=1)
+def _free_object_types() -> tuple:
+    kinds = [torch.ScriptObject]
     try:
         from torch.fx.experimental._backward_state import BackwardState
         kinds.append(BackwardState)
@@ -128,7 +126,15 @@ def is_free_object(node: fx.Node, val) -> bool:
         kinds.append(FakeScriptObject)
     except ImportError:
         pass
-    return isinstance(val, (torch.ScriptObject, *kinds)) or is_opaque_node(node)
+    return tuple(kinds)
+
+
+def is_free_object(node: fx.Node, val) -> bool:
+    """A non-tensor value the backward may take by reference at no cost, as torch's partitioner
+    treats it: compiled autograd's BackwardState, a (fake) script object, an opaque object."""
+    from deepcompile_remat.partition.extract import is_opaque_node
+
+    return isinstance(val, _free_object_types()) or is_opaque_node(node)
 
 
 def is_symint_like(val) -> bool:
