@@ -94,6 +94,22 @@ def _ops_of(gm: fx.GraphModule) -> tuple[str, ...]:
     return tuple(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
 
 
+def resolve_parameter_indices(joint_module, config, parameter_indices, num_graph_inputs,
+                              static_lifetime_input_indices) -> Optional[Sequence[int]]:
+    """The primals that are parameters: `parameter_indices` (else config.parameter_indices);
+    None leaves it to AOTAutograd's static-lifetime inputs. Indices that count another number
+    of inputs than the joint graph has primals fall back to those static inputs too."""
+    if parameter_indices is not None and num_graph_inputs is not None:
+        num_primals = sum(1 for n in joint_module.graph.nodes if fx_export.is_primal(n))
+        if num_primals != num_graph_inputs:
+            log.warning(
+                "deepcompile_remat: the joint graph has %d primals but the backend saw %d graph "
+                "inputs, so its parameter indices do not line up; marking AOTAutograd's "
+                "static-lifetime inputs as the parameters instead.", num_primals, num_graph_inputs)
+            return tuple(static_lifetime_input_indices or ())
+    return parameter_indices if parameter_indices is not None else config.parameter_indices
+
+
 def partition_joint_graph(
     joint_module: fx.GraphModule,
     joint_inputs: Sequence[Any],
@@ -110,14 +126,8 @@ def partition_joint_graph(
     # Lazy GraphModules (as inductor compiles them): code is generated on first call, not here.
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
-    if parameter_indices is not None and num_graph_inputs is not None:
-        num_primals = sum(1 for n in joint_module.graph.nodes if fx_export.is_primal(n))
-        if num_primals != num_graph_inputs:
-            log.warning(
-                "deepcompile_remat: the joint graph has %d primals but the backend saw %d graph "
-                "inputs, so its parameter indices do not line up; marking AOTAutograd's "
-                "static-lifetime inputs as the parameters instead.", num_primals, num_graph_inputs)
-            parameter_indices = tuple(static_lifetime_input_indices or ())
+    parameter_indices = resolve_parameter_indices(
+        joint_module, config, parameter_indices, num_graph_inputs, static_lifetime_input_indices)
     with _use_lazy_graph_module(True):
         return _partition_joint_graph(
             joint_module, num_fwd_outputs=num_fwd_outputs, config=config,
@@ -131,8 +141,6 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
     _prepare_joint_graph(joint_module, config)
     t0 = time.perf_counter()
     static = list(static_lifetime_input_indices or ())
-    if parameter_indices is None:
-        parameter_indices = config.parameter_indices
     graph = fx_export.export_joint_graph(
         joint_module, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=static,
         parameter_indices=parameter_indices)

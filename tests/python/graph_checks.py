@@ -75,9 +75,10 @@ def capture_partitions():
     def recording(joint_module, *args, **kwargs):
         primals = [n.name for n in joint_module.graph.nodes
                    if n.op == "placeholder" and n.name.startswith("primals")]
-        indices = kwargs.get("parameter_indices") or kwargs["config"].parameter_indices or ()
-        if kwargs.get("num_graph_inputs") not in (None, len(primals)):
-            # the backend's indices do not count these primals: AOTAutograd's static inputs
+        indices = partitioner.resolve_parameter_indices(
+            joint_module, kwargs["config"], kwargs.get("parameter_indices"),
+            kwargs.get("num_graph_inputs"), kwargs.get("static_lifetime_input_indices"))
+        if indices is None:
             indices = kwargs.get("static_lifetime_input_indices") or ()
         fw, bw = original(joint_module, *args, **kwargs)
         seen.append((fw, bw, {primals[i] for i in indices}))

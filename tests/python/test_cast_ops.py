@@ -18,6 +18,11 @@ def bits(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().view(torch.int16).numpy().view(np.uint16)
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    view = torch.int16 if a.element_size() == 2 else torch.int32
+    return torch.equal(a.view(view), b.view(view))
+
+
 def nasty_fp32(n: int, seed: int = 0) -> torch.Tensor:
     """Random values plus NaNs (with payloads and signs), infs, subnormals of both formats,
     fp16 overflow edges and exact round-to-even ties."""
@@ -184,9 +189,7 @@ def test_cuda_world_size_one():
     for dtype in DTYPES + [None]:
         outs = ops.allgather_cast(shards, dtype=dtype)
         for s, o in zip(shards, outs):
-            want = s if dtype is None else s.to(dtype)
-            view = torch.int16 if want.element_size() == 2 else torch.int32
-            assert torch.equal(o.view(view), want.view(view))
+            assert same_bits(o, s if dtype is None else s.to(dtype))
 
 
 @pytest.mark.gpu

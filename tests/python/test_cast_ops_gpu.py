@@ -8,17 +8,12 @@ import torch.distributed as dist
 from deepcompile_remat import ops
 from deepcompile_remat.bench.ports import free_port
 from deepcompile_remat.ops import cuda_module
-from test_cast_ops import DTYPES, nasty_fp32
+from test_cast_ops import DTYPES, nasty_fp32, same_bits
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU spin: long enough for a missing wait to show
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    view = torch.int16 if a.element_size() == 2 else torch.int32
-    return torch.equal(a.view(view), b.view(view))
 
 
 @pytest.fixture
@@ -53,7 +48,7 @@ def test_nccl_communicator_path_bit_identical(nccl_world_one, dtype):
         option.canonical_nan if option else 0, compute.cuda_stream, side.cuda_stream)
     event.wait(compute.cuda_stream)
     for s, o in zip(shards, outs):
-        assert _same_bits(o, s if dtype is None else s.to(dtype))
+        assert same_bits(o, s if dtype is None else s.to(dtype))
     ops.destroy_communicators()
     assert comm.destroyed
 
@@ -72,7 +67,7 @@ def test_no_allocation_beyond_the_outputs(dtype):
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() == before
     for s, o in zip(shards, outs):
-        assert _same_bits(o, s.to(dtype))
+        assert same_bits(o, s.to(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -97,6 +92,6 @@ def test_stream_safety_under_concurrent_streams(dtype):
     # Same sizes from the same stream: without record_stream these would be the freed blocks.
     junk = [torch.full_like(b, float("nan")) for b in base]
     for o, e in zip(outs, expected):
-        assert _same_bits(o, e)
+        assert same_bits(o, e)
     del junk
     torch.cuda.synchronize()
