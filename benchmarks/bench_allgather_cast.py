@@ -3,8 +3,11 @@
 1. Cast kernel bandwidth: one multi-tensor launch over a bucket of Llama-7B-like shards,
    effective GB/s at 6 bytes per element (4 read + 2 written), next to a device-to-device
    copy of the same bytes in the same process (the roofline).
-2. allgather_cast(bf16) vs torch's fp32 all_gather_into_tensor then .to(bf16), per bucket:
-   time and torch.cuda.max_memory_allocated.
+2. allgather_cast(bf16) (fused cast, then the process group's coalesced in-place gather: the
+   runtime path) vs torch's fp32 all_gather_into_tensor then .to(bf16), per bucket: time and
+   torch.cuda.max_memory_allocated. At world > 1 also the private NCCL communicator on a side
+   stream (the runtime's old path): it goes back into the runtime only if it wins here, and
+   then with its streams ordered against the process group's.
 
     python benchmarks/bench_allgather_cast.py                 # one GPU (world 1)
     torchrun --nproc-per-node 8 benchmarks/bench_allgather_cast.py   # NCCL across GPUs
@@ -90,8 +93,25 @@ def bench_gather(shards, world: int, iters: int) -> dict:
             outs.append(full.to(torch.bfloat16))
         return outs
 
+    def private_communicator():
+        from deepcompile_remat.ops import cuda_module
+
+        option = ops.torch_nan_option("cuda", torch.bfloat16)
+        outs = [torch.empty(world * s.numel(), dtype=torch.bfloat16, device=device) for s in shards]
+        comm = cuda_module.communicator(None, device)
+        event = comm.allgather_cast(
+            [s.data_ptr() for s in shards], [o.data_ptr() for o in outs],
+            [s.numel() for s in shards], "bfloat16", 2, option.nan_mode, option.canonical_nan,
+            torch.cuda.current_stream(device).cuda_stream,
+            cuda_module.comm_stream(device).cuda_stream)
+        event.wait(torch.cuda.current_stream(device).cuda_stream)
+        return outs
+
+    variants = [("fused_allgather_cast", fused), ("fp32_allgather_then_cast", baseline)]
+    if world > 1:
+        variants.append(("fused_private_nccl_communicator", private_communicator))
     result = {}
-    for name, fn in (("fused_allgather_cast", fused), ("fp32_allgather_then_cast", baseline)):
+    for name, fn in variants:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

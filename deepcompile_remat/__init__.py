@@ -10,15 +10,14 @@ from deepcompile_remat.config import RematConfig
 
 def __getattr__(name):
     # torch-dependent parts load lazily, so the solver works without importing torch.
-    if name in ("partition_fn", "make_partition_fn", "reports", "clear_reports",
-                "PartitionReport", "PartitionConflictError"):
+    if name in ("reports", "clear_reports", "PartitionReport", "PartitionConflictError"):
         from deepcompile_remat import partition
 
         return getattr(partition, name)
-    if name == "backend":
-        from deepcompile_remat.backends import backend
+    if name in ("backend", "partition_fn", "make_partition_fn"):
+        from deepcompile_remat import backends
 
-        return backend
+        return getattr(backends, name)
     raise AttributeError(f"module 'deepcompile_remat' has no attribute {name!r}")
 
 

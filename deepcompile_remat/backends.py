@@ -7,6 +7,14 @@
 ``torch._inductor.config.custom_partitioner_fn`` for the duration of the compile (no
 monkeypatching). Either way, graph inputs that arrive as ``nn.Parameter`` are the parameters
 the ZeRO-3 marking protects, unless the config names them explicitly.
+
+``backend(kind, config, on_partition=fn)`` calls ``fn(fw_module, bw_module, example_inputs)``
+right after each joint graph is partitioned and before the two graphs are compiled (inductor
+rewrites them in place afterwards), whichever partitioner runs: ours, or torch's when the config
+is disabled. The measurements (``deepcompile-remat profile``) read the saved values and predict
+peaks there. Under inductor, a cache hit skips partitioning, so nothing is observed: turn
+``torch._inductor.config.fx_graph_cache`` and ``torch._functorch.config.enable_autograd_cache``
+off where every partition must be seen.
 """
 from __future__ import annotations
 
@@ -19,9 +27,30 @@ import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from deepcompile_remat.config import RematConfig
-from deepcompile_remat.partition.partitioner import make_partition_fn
+from deepcompile_remat.partition import partitioner
+from deepcompile_remat.zero3.hooks import Zero3Hooks
 
 KINDS = ("eager", "inductor")
+
+
+def make_partition_fn(config: Optional[RematConfig] = None, *,
+                      parameter_indices: Optional[Sequence[int]] = None,
+                      num_graph_inputs: Optional[int] = None) -> Callable:
+    """Our AOTAutograd partition function with the ZeRO-3 runtime's passes plugged in
+    (cast-before-gather, re-gather schedule): what both backends use."""
+    config = config if config is not None else RematConfig()
+    if not isinstance(config, RematConfig):
+        raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
+    return partitioner.make_partition_fn(config, parameter_indices=parameter_indices,
+                                         num_graph_inputs=num_graph_inputs,
+                                         hooks=(Zero3Hooks(config),))
+
+
+def partition_fn(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
+    """The default partition function (RematConfig(), ZeRO-3 passes on): drop-in for
+    AOTAutograd."""
+    return make_partition_fn()(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                               **kwargs)
 
 
 def parameter_indices_of(example_inputs: Sequence[Any]) -> list[int]:
@@ -45,16 +74,31 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
+def _observed(partition: Callable, on_partition: Optional[Callable], example_inputs) -> Callable:
+    """`partition`, reporting each (fw, bw) pair to on_partition before anyone compiles it."""
+    if on_partition is None:
+        return partition
+
+    def observed(joint, joint_inputs, **kwargs):
+        fw, bw = partition(joint, joint_inputs, **kwargs)
+        on_partition(fw, bw, example_inputs)
+        return fw, bw
+
+    return observed
+
+
 class RematPartitioner(CustomPartitionerFn):
     """Our partition_fn behind inductor's custom-partitioner hook."""
 
     def __init__(self, config: RematConfig, parameter_indices: Optional[Sequence[int]],
-                 num_graph_inputs: Optional[int] = None) -> None:
+                 num_graph_inputs: Optional[int] = None, on_partition: Optional[Callable] = None,
+                 example_inputs: Sequence[Any] = ()) -> None:
         self.config = config
         self.parameter_indices = None if parameter_indices is None else tuple(parameter_indices)
         self.num_graph_inputs = num_graph_inputs
-        self._partition_fn = make_partition_fn(config, parameter_indices=self.parameter_indices,
-                                               num_graph_inputs=num_graph_inputs)
+        self._partition_fn = _observed(
+            make_partition_fn(config, parameter_indices=self.parameter_indices,
+                              num_graph_inputs=num_graph_inputs), on_partition, example_inputs)
 
     def __reduce__(self):
         # inductor pickles its config into the FX-graph cache key; the bound partition_fn is a
@@ -71,6 +115,27 @@ class RematPartitioner(CustomPartitionerFn):
                 f"{self.num_graph_inputs}")
 
 
+class _ObservedTorchPartitioner(CustomPartitionerFn):
+    """Inductor's own partitioner (min_cut_rematerialization_partition, called exactly as
+    inductor calls it when no custom partitioner is set), with an observer: what a disabled
+    config compiles with when on_partition is given."""
+
+    def __init__(self, on_partition: Callable, example_inputs: Sequence[Any]) -> None:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        self._partition_fn = _observed(min_cut_rematerialization_partition, on_partition,
+                                       example_inputs)
+
+    def __reduce__(self):
+        return (_ObservedTorchPartitioner, (None, ()))
+
+    def __call__(self, gm, joint_inputs, **kwargs):
+        return self._partition_fn(gm, joint_inputs, **kwargs)
+
+    def uuid(self) -> str:
+        return "deepcompile_remat:torch-min-cut"
+
+
 def eager_graph_compiler() -> Callable:
     """Runs an FX graph as it is, with the boxed calling convention: the generated code clears
     its argument list, so inputs (saved activations, gathered weights) die at their last use
@@ -85,40 +150,54 @@ def eager_graph_compiler() -> Callable:
         return lambda gm, _example_inputs: make_boxed_func(gm.forward)
 
 
-def _eager_backend(config: RematConfig) -> Callable:
+def _eager_backend(config: RematConfig, on_partition: Optional[Callable] = None) -> Callable:
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     boxed_nop = eager_graph_compiler()
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
-        return aot_autograd(
-            fw_compiler=boxed_nop, bw_compiler=boxed_nop,
-            partition_fn=make_partition_fn(config, parameter_indices=_parameters(config, example_inputs),
-                                           num_graph_inputs=len(example_inputs)),
-        )(gm, example_inputs)
+        if config.enabled:
+            partition = make_partition_fn(config, parameter_indices=_parameters(config, example_inputs),
+                                          num_graph_inputs=len(example_inputs))
+        else:  # off: torch's own min-cut partitioner, as inductor would use
+            partition = min_cut_rematerialization_partition
+        return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop,
+                            partition_fn=_observed(partition, on_partition, example_inputs))(
+            gm, example_inputs)
 
     return compile_fn
 
 
-def _inductor_backend(config: RematConfig) -> Callable:
+def _inductor_backend(config: RematConfig, on_partition: Optional[Callable] = None) -> Callable:
     from torch._inductor.compile_fx import compile_fx
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
-        partitioner = RematPartitioner(config, _parameters(config, example_inputs),
-                                       len(example_inputs))
+        if not config.enabled and on_partition is None:  # off: stock inductor
+            return compile_fx(gm, example_inputs)
+        if not config.enabled:  # off, observed: inductor's own partitioner behind the hook
+            partitioner = _ObservedTorchPartitioner(on_partition, example_inputs)
+        else:
+            partitioner = RematPartitioner(config, _parameters(config, example_inputs),
+                                           len(example_inputs), on_partition, example_inputs)
         with torch._inductor.config.patch(custom_partitioner_fn=partitioner):
             return compile_fx(gm, example_inputs)
 
     return compile_fn
 
 
-def backend(kind: str = "inductor", config: Optional[RematConfig] = None) -> Callable:
-    """A torch.compile backend of the given kind ("eager" or "inductor")."""
+def backend(kind: str = "inductor", config: Optional[RematConfig] = None, *,
+            on_partition: Optional[Callable] = None) -> Callable:
+    """A torch.compile backend of the given kind ("eager" or "inductor"). config=None means
+    RematConfig() (on, defaults); RematConfig(enabled=False) compiles with torch's partitioner.
+    on_partition(fw_module, bw_module, example_inputs): see the module docstring."""
     if kind not in KINDS:
         raise ValueError(f"backend kind must be one of {KINDS}, got {kind!r}")
     config = config if config is not None else RematConfig()
     if not isinstance(config, RematConfig):
         raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
-    fn = _eager_backend(config) if kind == "eager" else _inductor_backend(config)
+    if on_partition is not None and not callable(on_partition):
+        raise TypeError("on_partition must be callable")
+    fn = (_eager_backend if kind == "eager" else _inductor_backend)(config, on_partition)
     fn.__name__ = f"deepcompile_remat_{kind}"
     return fn

@@ -10,14 +10,16 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from deepcompile_remat.bench import deepspeed_bench
 from deepcompile_remat.bench import partition as bench_partition
 from deepcompile_remat.bench import solver as bench_solver
-from deepcompile_remat.bench import zero3_memory
+from deepcompile_remat.profile import command as profile_command
 
 SUBCOMMANDS = {
+    profile_command.NAME: (profile_command.add_arguments, profile_command.run),
     bench_solver.NAME: (bench_solver.add_arguments, bench_solver.run),
     bench_partition.NAME: (bench_partition.add_arguments, bench_partition.run),
-    zero3_memory.NAME: (zero3_memory.add_arguments, zero3_memory.run),
+    deepspeed_bench.NAME: (deepspeed_bench.add_arguments, deepspeed_bench.run),
 }
 
 

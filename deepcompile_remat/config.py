@@ -7,7 +7,7 @@ an unknown key or a bad value raises ValueError naming it.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 POLICIES = ("conservative", "aggressive")
@@ -16,6 +16,10 @@ ASYNC_GATHERS = ("auto", "on", "off")
 
 @dataclass(frozen=True)
 class RematConfig:
+    enabled: bool = True
+    """False: the product is off. The backends compile with torch's own partitioner
+    (min_cut_rematerialization_partition), no ZeRO-3 marking, no graph passes, no reports;
+    what a DeepSpeed config with an absent or disabled block gets."""
     policy: str = "conservative"
     """conservative: recompute only fusible ops (pointwise, views, casts, cheap reductions).
     aggressive: recompute everything except random and compute-intensive ops."""
@@ -46,10 +50,10 @@ class RematConfig:
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = 1000
     """How many PartitionReports this process keeps (oldest dropped first)."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    """Keys of the JSON block that are not settings ("enabled", read by deepspeed.py)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"RematConfig.enabled must be true or false, got {self.enabled!r}")
         if self.policy not in POLICIES:
             raise ValueError(
                 f"RematConfig.policy must be one of {POLICIES}, got {self.policy!r}")
@@ -88,14 +92,16 @@ class RematConfig:
         """Builds a config from a JSON block; unknown keys are errors (typos must not pass)."""
         if not isinstance(block, Mapping):
             raise ValueError(f"{where} must be a JSON object, got {type(block).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        kwargs, extra = {}, {}
-        for key, value in block.items():
-            if key in known:
-                kwargs[key] = value
-            elif key == "enabled":
-                extra[key] = value
-            else:
-                raise ValueError(
-                    f"{where}: unknown key {key!r}; known keys: {sorted(known | {'enabled'})}")
-        return cls(**kwargs, extra=extra)
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in block:
+            if key not in known:
+                raise ValueError(f"{where}: unknown key {key!r}; known keys: {sorted(known)}")
+        try:
+            return cls(**block)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
+    @classmethod
+    def disabled(cls) -> "RematConfig":
+        """The off state: torch's partitioner, nothing of ours."""
+        return cls(enabled=False)

@@ -17,5 +17,13 @@ fi
 python3 -m pip install -q --upgrade pip
 python3 -m pip install -q "torch==${TORCH_VERSION}"
 python3 -m pip install -q -r requirements-dev.txt
+# DeepSpeed, for deepcompile_remat.deepspeed and its tests: after torch (it builds against the
+# installed torch, hence no build isolation), pinned to the version the takeover was read from.
+python3 -m pip install -q --no-build-isolation "deepspeed==0.19.8"
+# Its CPU shared-memory comm op is JIT-built the first time DeepSpeed initializes (about a
+# minute); build it here, once (cached under ~/.cache/torch_extensions), not inside a test.
+DS_ACCELERATOR=cpu python3 -c "from deepspeed.accelerator import get_accelerator
+b = get_accelerator().create_op_builder('ShareMemCommBuilder')
+b is None or b.load()" >/dev/null
 if [ -f scripts/install_cuda_deps.sh ]; then bash scripts/install_cuda_deps.sh; fi
 python3 -m pip install -q --no-build-isolation -e .

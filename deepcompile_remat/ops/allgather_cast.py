@@ -14,8 +14,9 @@ and no full fp32 copy of the weight is ever made.
     CPU (gloo): the C++ kernel (deepcompile_remat._C) casts into the slots, then one
                 all_gather_into_tensor per output (issued together when async_op, one
                 handle for the bucket; one after another otherwise);
-    CUDA:       deepcompile_remat._cuda casts all shards in one launch and gathers them in one
-                NCCL group on a side stream ordered after the current stream.
+    CUDA:       deepcompile_remat._cuda casts all shards in one launch on the current stream,
+                then the process group (NCCL) gathers the slots in place, coalesced into one
+                NCCL group: one communicator for every collective of the step.
 
 async_op=True returns an AllGatherHandle; its wait() returns the outputs (on CUDA it makes the
 current stream wait, the host does not). Otherwise the outputs are returned, ready to use in
@@ -37,27 +38,20 @@ _CASTABLE = (torch.bfloat16, torch.float16)
 class AllGatherHandle:
     """The pending gather of a bucket. wait() returns the outputs once they may be read."""
 
-    def __init__(self, outputs: List[torch.Tensor], works=(), cuda_event=None, keep_alive=()):
+    def __init__(self, outputs: List[torch.Tensor], works=()):
         self._outputs = outputs
         self._works = list(works)
-        self._cuda_event = cuda_event
-        self._keep_alive = keep_alive  # shards/outputs the comm stream still uses
         self._done = False
 
     def wait(self) -> List[torch.Tensor]:
         if not self._done:
             for work in self._works:
                 work.wait()
-            if self._cuda_event is not None:
-                self._cuda_event.wait(torch.cuda.current_stream(self._outputs[0].device).cuda_stream)
-            self._works, self._keep_alive, self._done = [], (), True
+            self._works, self._done = [], True
         return self._outputs
 
     def is_completed(self) -> bool:
-        if self._done:
-            return True
-        works_done = all(w.is_completed() for w in self._works)
-        return works_done and (self._cuda_event is None or self._cuda_event.query())
+        return self._done or all(w.is_completed() for w in self._works)
 
 
 def _world_and_rank(group) -> tuple:
@@ -129,62 +123,40 @@ def _gather_cpu(outputs, shards, group, world: int, rank: int, async_op: bool) -
     return works
 
 
-def _allgather_cast_cuda(shards, outputs, dtype, group, world: int, async_op: bool):
+def _allgather_cast_cuda(shards, outputs, dtype, group, world: int, rank: int, async_op: bool):
+    """Cast into the slots with our kernel, gather through the process group.
+
+    One kernel launch casts every shard into this rank's slot of its output, on the current
+    stream (so it is ordered after whatever produced the shards, and the caching allocator
+    sees every use on that stream). The slots are then gathered in place by the process
+    group's own all_gather_into_tensor, coalesced into one NCCL group: the same communicator
+    and stream as the reduce-scatters and functional-collective prefetches, so nothing runs
+    on a second communicator that NCCL could interleave differently on two ranks (the private
+    communicator that did this is gone from the runtime; benchmarks/bench_allgather_cast.py
+    still times it against this path)."""
     cuda = cuda_module.require_cuda_module()
     device = shards[0].device
     casting = dtype != shards[0].dtype
     option = torch_nan_option("cuda", dtype) if casting else None
     if casting and option is None:
         raise RuntimeError(f"torch's CUDA NaN encoding for {dtype} matches no kernel option")
-    compute = torch.cuda.current_stream(device)
-    side = cuda_module.comm_stream(device)
     shards = [s.contiguous() for s in shards]
-    if world == 1:
-        comm_shards, comm_outs = shards, outputs
-        # No communicator needed: the cast (or copy) is the whole gather.
-        with torch.cuda.stream(side):
-            side.wait_stream(compute)
-            if casting:
-                cuda.cast_into_slots([s.data_ptr() for s in shards],
-                                     [o.data_ptr() for o in outputs],
-                                     [s.numel() for s in shards], target_name(dtype),
-                                     option.nan_mode, option.canonical_nan, side.cuda_stream)
-            else:
-                for s, o in zip(shards, outputs):
-                    o.copy_(s)
-        event = torch.cuda.Event()
-        event.record(side)
+    slots = [o.view(world, -1)[rank] for o in outputs]
+    if casting:
+        cuda.cast_into_slots([s.data_ptr() for s in shards], [sl.data_ptr() for sl in slots],
+                             [s.numel() for s in shards], target_name(dtype), option.nan_mode,
+                             option.canonical_nan, torch.cuda.current_stream(device).cuda_stream)
     else:
-        comm = cuda_module.communicator(group, device)
-        event = comm.allgather_cast(
-            [s.data_ptr() for s in shards], [o.data_ptr() for o in outputs],
-            [s.numel() for s in shards], target_name(dtype) if casting else "copy",
-            outputs[0].element_size(), option.nan_mode if option else "quiet",
-            option.canonical_nan if option else 0, compute.cuda_stream, side.cuda_stream)
-        comm_shards, comm_outs = shards, outputs
-    # The caching allocator must not hand these blocks to another stream before the side
-    # stream is done with them.
-    for t in (*comm_shards, *comm_outs):
-        t.record_stream(side)
-    handle = AllGatherHandle(outputs, cuda_event=_EventAdapter(event),
-                             keep_alive=(comm_shards, comm_outs))
+        for s, sl in zip(shards, slots):
+            sl.copy_(s)
+    works = []
+    if world > 1:
+        with dist._coalescing_manager(group, device, async_ops=True) as coalesced:
+            for o, sl in zip(outputs, slots):
+                dist.all_gather_into_tensor(o, sl, group=group)
+        works = [coalesced]  # its wait() makes the current stream wait; the host does not
+    handle = AllGatherHandle(outputs, works=works)
     return handle if async_op else handle.wait()
-
-
-class _EventAdapter:
-    """torch.cuda.Event and _cuda.Event behind one wait(stream_handle)/query() interface."""
-
-    def __init__(self, event):
-        self._event = event
-
-    def wait(self, stream_handle: int) -> None:
-        if isinstance(self._event, torch.cuda.Event):
-            self._event.wait(torch.cuda.ExternalStream(stream_handle))
-        else:
-            self._event.wait(stream_handle)
-
-    def query(self) -> bool:
-        return self._event.query()
 
 
 def allgather_cast(shards: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]] = None,
@@ -193,7 +165,7 @@ def allgather_cast(shards: Sequence[torch.Tensor], outputs: Optional[Sequence[to
     world, rank = _world_and_rank(group)
     outputs, dtype = _check_and_allocate(shards, outputs, dtype, world)
     if shards[0].is_cuda:
-        return _allgather_cast_cuda(shards, outputs, dtype, group, world, async_op)
+        return _allgather_cast_cuda(shards, outputs, dtype, group, world, rank, async_op)
     if shards[0].device.type != "cpu":
         raise ValueError(f"allgather_cast supports cpu and cuda tensors, not {shards[0].device}")
     with torch.no_grad():

@@ -1,6 +1,8 @@
 """The optional _cuda extension: loading it, saying why it is missing, NCCL communicators.
 
-Communicators: one per (process group, device), created on first use from a unique id that
+Communicators (benchmarks only: the runtime gathers through the process group, one
+communicator for every collective; benchmarks/bench_allgather_cast.py times this private one
+against it): one per (process group, device), created on first use from a unique id that
 group rank 0 generates and broadcasts through the torch.distributed group, cached, destroyed
 by destroy_communicators() (also registered with atexit, before torch tears groups down).
 """

@@ -1,11 +1,7 @@
 """Exports an AOTAutograd joint graph as the arrays the C++ partition reads (JointGraphView).
 
-Node ids are FX order (a topological order). Sizes come from ``meta["val"]``; symbolic sizes
-are costed by their hints (fallback 4096 elements, as torch's partitioner does) in a single
-process. Under a process group of several ranks they are costed rank-independently instead
-(every free symbol = 4096): each rank's hints are the sizes it happened to see first, and ranks
-that cost one symbolic graph differently cut it differently, re-gather different weights and
-hang in mismatched collectives.
+Node ids are FX order (a topological order). Sizes come from ``meta["val"]`` through
+``fx_values.value_bytes`` (symbolic sizes costed the same on every rank; see there).
 """
 from __future__ import annotations
 
@@ -20,6 +16,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.utils.checkpoint import CheckpointPolicy
 
+from deepcompile_remat.fx_values import value_bytes  # noqa: F401  (re-exported)
 from deepcompile_remat.partition.op_classes import OpClass, classify
 
 
@@ -68,49 +65,6 @@ def _must_be_in_backward(n: fx.Node) -> bool:
     except ImportError:
         return False
     return bool(torch_rule(n))
-
-
-SYMBOL_SIZE_WITHOUT_HINT = 4096
-
-
-def _several_ranks() -> bool:
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _rank_independent_size(x) -> int:
-    """x with every free symbol replaced by SYMBOL_SIZE_WITHOUT_HINT: a function of the
-    symbolic graph alone, the same on every rank."""
-    import sympy
-
-    expr = x.node.expr
-    try:
-        value = expr.xreplace({s: sympy.Integer(SYMBOL_SIZE_WITHOUT_HINT)
-                               for s in expr.free_symbols})
-        return max(int(value), 0)
-    except (TypeError, ValueError):  # an expression sympy cannot fold to a number
-        return SYMBOL_SIZE_WITHOUT_HINT
-
-
-def _hint(x) -> int:
-    if isinstance(x, int):
-        return x
-    if _several_ranks():
-        return _rank_independent_size(x)
-    from torch.fx.experimental import symbolic_shapes as ss
-
-    # optimization_hint (2.13) / hint_int (2.11): a size hint that adds no guard.
-    hint = getattr(ss, "optimization_hint", None) or ss.hint_int
-    return int(hint(x, fallback=SYMBOL_SIZE_WITHOUT_HINT))
-
-
-def value_bytes(val) -> float:
-    """Bytes a saved value costs (tensors by their hinted numel; 0 for non-tensors)."""
-    if isinstance(val, torch.Tensor):
-        return float(_hint(val.numel()) * val.element_size())
-    if isinstance(val, (list, tuple)):
-        return float(sum(value_bytes(v) for v in val))
-    return 0.0
 
 
 @functools.lru_cache(maxsize=1)

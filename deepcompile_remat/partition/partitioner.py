@@ -2,16 +2,21 @@
 
     fw_module, bw_module = partition_fn(joint_module, joint_inputs, num_fwd_outputs=k)
 
-Steps: clean the joint graph (DCE, CSE, torch's force-save rules for effectful ops and
-backward mutations) -> export it as arrays (fx_export) -> solve in C++ (csrc/partition) ->
-split saved values into SymInts / opaque objects / tensors -> extract the two modules with
-torch's helper (extract.py) -> record a PartitionReport.
+Steps: clean the joint graph (DCE, CSE, hooks' joint rewrites, torch's force-save rules for
+effectful ops and backward mutations) -> export it as arrays (fx_export) -> solve in C++
+(csrc/partition) -> split saved values into SymInts / opaque objects / tensors -> extract the
+two modules with torch's helper (extract.py) -> hooks' passes over the two modules -> record a
+PartitionReport.
+
+Hooks (PartitionHook) are how a runtime adds graph passes around the cut without the
+partitioner knowing it: the ZeRO-3 runtime plugs in this way (zero3/hooks.py, composed in
+backends.py).
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -29,16 +34,25 @@ _POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPo
 _TANGENT_CLOSURE, _PARAMETER_ALIAS = 1 << 1, 1 << 5  # dcr::NodeInfoBit
 
 
-def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig) -> None:
+class PartitionHook(Protocol):
+    def rewrite_joint(self, joint: fx.GraphModule) -> None:
+        """Rewrites the joint graph in place before it is cut."""
+
+    def after_extract(self, fw: fx.GraphModule, bw: fx.GraphModule,
+                      parameter_names: set[str]) -> tuple[dict, ...]:
+        """Rewrites the forward and backward modules in place; returns figures for the
+        report (PartitionReport.schedule)."""
+
+
+def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig,
+                         hooks: Sequence[PartitionHook]) -> None:
     joint_module.graph.eliminate_dead_code()
     if config.cse:
         from torch._functorch.compile_utils import fx_graph_cse
 
         joint_module.graph = fx_graph_cse(joint_module.graph)
-    if config.cast_before_gather and _has_gathers(joint_module):
-        from deepcompile_remat.zero3.passes import cast_before_gather
-
-        cast_before_gather(joint_module)
+    for hook in hooks:
+        hook.rewrite_joint(joint_module)
     from torch._functorch import partitioners as tp
 
     # torch's rules that must hold for correctness, whatever the cut: effectful ops and the
@@ -47,11 +61,6 @@ def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig) -> N
         fn = getattr(tp, rule, None)
         if fn is not None:
             fn(joint_module)
-
-
-def _has_gathers(gm: fx.GraphModule) -> bool:
-    return any(isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "dcr"
-               for n in gm.graph.nodes)
 
 
 def _collectives_of(tag: str, gm: fx.GraphModule) -> tuple[str, ...]:
@@ -119,10 +128,12 @@ def partition_joint_graph(
     static_lifetime_input_indices: Optional[Sequence[int]] = None,
     parameter_indices: Optional[Sequence[int]] = None,
     num_graph_inputs: Optional[int] = None,
+    hooks: Sequence[PartitionHook] = (),
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """num_graph_inputs: how many inputs `parameter_indices` counts (the backend's example
     inputs); where the joint graph has another number of primals (effect tokens, flattened
-    tensor subclasses), those indices would name the wrong primals."""
+    tensor subclasses), those indices would name the wrong primals. hooks: graph passes
+    around the cut (PartitionHook)."""
     # Lazy GraphModules (as inductor compiles them): code is generated on first call, not here.
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
@@ -132,13 +143,13 @@ def partition_joint_graph(
         return _partition_joint_graph(
             joint_module, num_fwd_outputs=num_fwd_outputs, config=config,
             static_lifetime_input_indices=static_lifetime_input_indices,
-            parameter_indices=parameter_indices)
+            parameter_indices=parameter_indices, hooks=tuple(hooks))
 
 
 def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_lifetime_input_indices,
-                           parameter_indices):
+                           parameter_indices, hooks):
     t_start = time.perf_counter()
-    _prepare_joint_graph(joint_module, config)
+    _prepare_joint_graph(joint_module, config, hooks)
     t0 = time.perf_counter()
     static = list(static_lifetime_input_indices or ())
     graph = fx_export.export_joint_graph(
@@ -161,22 +172,12 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
     fw_module, bw_module = extract.extract_fwd_bwd_modules(
         joint_module, saved_tensors, saved_sym, saved_opaque, num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_nodes=static_nodes)
-    schedule = ()
-    if config.schedule_gathers and _has_gathers(joint_module):
-        from deepcompile_remat.zero3.schedule import schedule_gathers
-
-        shard_names = {graph.nodes[i].name
+    parameter_names = {graph.nodes[i].name
                        for i in np.flatnonzero(graph.flags & fx_export.NodeFlag.PARAMETER)}
-        schedule = tuple(
-            {"graph": tag, **schedule_gathers(
-                module, persistent_names=shard_names, max_prefetch=config.max_prefetch,
-                budget_bytes=config.prefetch_budget_bytes, bucket_bytes=config.bucket_bytes,
-                async_gathers=config.async_gathers)}
-            for tag, module in (("fw", fw_module), ("bw", bw_module)))
+    schedule = tuple(figures for hook in hooks
+                     for figures in hook.after_extract(fw_module, bw_module, parameter_names))
     t3 = time.perf_counter()
 
-    flags = graph.flags
-    parameter_names = {graph.nodes[i].name for i in np.flatnonzero(flags & fx_export.NodeFlag.PARAMETER)}
     fw_names = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
     recomputed = tuple(n.name for n in bw_module.graph.nodes
                        if n.op == "call_function" and n.name in fw_names)
@@ -201,10 +202,11 @@ def make_partition_fn(
     *,
     parameter_indices: Optional[Sequence[int]] = None,
     num_graph_inputs: Optional[int] = None,
+    hooks: Sequence[PartitionHook] = (),
 ) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
     """A partition function with AOTAutograd's contract, bound to `config`. parameter_indices
     (default: config.parameter_indices, else AOTAutograd's static-lifetime inputs) count the
-    num_graph_inputs inputs a backend saw; see partition_joint_graph."""
+    num_graph_inputs inputs a backend saw; hooks add graph passes; see partition_joint_graph."""
     config = config if config is not None else RematConfig()
     if not isinstance(config, RematConfig):
         raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
@@ -214,12 +216,13 @@ def make_partition_fn(
         return partition_joint_graph(
             joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, config=config,
             static_lifetime_input_indices=static_lifetime_input_indices,
-            parameter_indices=parameter_indices, num_graph_inputs=num_graph_inputs)
+            parameter_indices=parameter_indices, num_graph_inputs=num_graph_inputs, hooks=hooks)
 
     return partition_fn
 
 
 def partition_fn(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
-    """The default partition function (RematConfig()): drop-in for AOTAutograd."""
+    """The default partition function (RematConfig(), no hooks): drop-in for AOTAutograd.
+    deepcompile_remat.partition_fn is the same with the ZeRO-3 passes plugged in."""
     return make_partition_fn()(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                **kwargs)

@@ -16,14 +16,10 @@ kernels of deepcompile_remat.ops when they were built, else torch's own cast + c
 """
 from __future__ import annotations
 
-import threading
 from typing import Optional
 
 import torch
 import torch.distributed as dist
-
-_lib_lock = threading.Lock()
-
 
 class CommStats:
     """Bytes this process sent and received through the ops (for the measurements)."""
@@ -48,8 +44,11 @@ def _gather_into(shards, outputs, dtype, group) -> None:
     deepcompile_remat.ops (the C++ CPU kernel + gloo, or CUDA + NCCL when built)."""
     from deepcompile_remat import ops as kernels
 
-    if shards[0].is_cuda and not kernels.cuda_available():
-        # Without the CUDA module: torch's cast into the slot, then NCCL through torch.
+    if shards[0].is_cuda and (not kernels.cuda_available()
+                              or str(dist.get_backend(group)) == "fake"):
+        # Without the CUDA module, or in an emulated world (torch's fake process group, whose
+        # collectives move no data): torch's cast into the slot, then the group's plain
+        # collective, one per output (the fused path's coalescing is for real NCCL groups).
         rank = dist.get_rank(group)
         for s, o in zip(shards, outputs):
             slot = o.view(-1, s.numel())[rank]
@@ -85,9 +84,14 @@ def reduce_scatter_grad(full_grad: torch.Tensor, world_size: int, group_name: st
         return full_grad.clone()
     group = resolve_group(group_name)
     out = full_grad.new_empty(full_grad.numel() // world_size)
-    # Gloo has no AVG reduction: sum, then divide.
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    scatter(out, full_grad, group=group)
+    # Gloo has no AVG reduction: sum, then divide. Gloo's single-tensor reduce-scatter clones
+    # the whole full gradient first (one more fp32 full weight at the backward's peak); its
+    # list form reduces the chunks where they are.
+    if dist.get_backend(group) == "gloo":
+        dist.reduce_scatter(out, list(full_grad.chunk(world_size)), group=group)
+    else:
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        scatter(out, full_grad, group=group)
     out.div_(world_size)
     CommStats.reduce_scatter_bytes += full_grad.numel() * full_grad.element_size() * (world_size - 1) // world_size
     return out
@@ -117,6 +121,7 @@ def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_nam
     """One collective for a bucket of small parameters: every shard is cast into this rank's
     slot of one buffer, the buffer is gathered once, and each full parameter is copied out.
     Used by the schedule (zero3/schedule.py) inside already-differentiated graphs: no autograd."""
+    _check_bucket(shards)
     dtype = shards[0].dtype if dtype is None else dtype
     sizes = [s.numel() for s in shards]
     total = sum(sizes)
@@ -141,7 +146,20 @@ def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_nam
     return outs
 
 
+def _check_bucket(shards) -> None:
+    """One buffer holds the bucket: every shard must have the first one's dtype and device."""
+    if not shards:
+        raise ValueError("dcr::allgather_cast_bucket: empty bucket")
+    first = shards[0]
+    for i, s in enumerate(shards):
+        if s.dtype != first.dtype or s.device != first.device:
+            raise ValueError(
+                f"dcr::allgather_cast_bucket: shard {i} is {s.dtype} on {s.device}, shard 0 is "
+                f"{first.dtype} on {first.device}; a bucket's shards must share dtype and device")
+
+
 @allgather_cast_bucket.register_fake
 def _(shards, world_size, group_name, dtype=None):
+    _check_bucket(shards)
     return [s.new_empty(world_size * s.numel(), dtype=s.dtype if dtype is None else dtype)
             for s in shards]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from deepcompile_remat.fx_values import is_view
+
 aten, prims = torch.ops.aten, torch.ops.prims
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -42,11 +44,6 @@ def _cast_target_dtype(node: fx.Node):
     return None
 
 
-def _is_view(node: fx.Node) -> bool:
-    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-            and node.target.is_view)
-
-
 def _refresh_meta(node: fx.Node) -> None:
     """Recomputes meta['val'] of a view node on fake tensors after its input changed dtype."""
     from torch._guards import detect_fake_mode
@@ -63,10 +60,12 @@ def cast_before_gather(gm: fx.GraphModule) -> int:
     for gather in list(gm.graph.nodes):
         if not is_allgather_cast(gather) or gather_dtype(gather) is not None:
             continue
+        if gather.args[0].meta["val"].dtype != torch.float32:
+            continue  # the fused cast is fp32 -> bf16/fp16 only (a bf16 shard stays as it is)
         chain, cur, cast = [], gather, None
         while len(cur.users) == 1:
             (user,) = cur.users
-            if _is_view(user) and user.args[0] is cur:
+            if is_view(user) and user.args[0] is cur:
                 chain.append(user)
                 cur = user
                 continue

@@ -15,20 +15,12 @@ import torch
 import torch.fx as fx
 
 from deepcompile_remat import _C
-from deepcompile_remat.partition.fx_export import value_bytes
+from deepcompile_remat.fx_values import is_alias, value_bytes
 from deepcompile_remat.zero3.passes import gather_dtype, is_allgather_cast
 
 
-def _is_alias(node: fx.Node) -> bool:
-    if node.op != "call_function":
-        return False
-    if node.target is operator.getitem:
-        return True
-    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
-
-
 def _is_reshape_or_cast(node: fx.Node) -> bool:
-    if _is_alias(node):
+    if is_alias(node):
         return True
     return node.op == "call_function" and node.target in (
         torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)
@@ -49,7 +41,7 @@ def memory_arrays(gm: fx.GraphModule, persistent_names: Iterable[str] = ()):
     for i, node in enumerate(nodes):
         is_input[i] = node.op in ("placeholder", "get_attr")
         persistent[i] = node.op == "get_attr" or node.name in persistent_names
-        if _is_alias(node) and isinstance(node.args[0], fx.Node):
+        if is_alias(node) and isinstance(node.args[0], fx.Node):
             alias_of[i] = ids[node.args[0]]
         else:
             nbytes[i] = value_bytes(node.meta.get("val"))
@@ -111,10 +103,16 @@ def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
     for i in np.flatnonzero(bucket_of >= 0):
         g = nodes[i]
         shard, world_size, group_name = g.args[:3]
-        groups.setdefault((int(bucket_of[i]), world_size, group_name, gather_dtype(g)), []).append(g)
+        # One buffer per bucket: its members must share the shard dtype and device as well as
+        # the target dtype (a bf16 and an fp32 shard in one buffer would be promoted silently).
+        val = shard.meta["val"]
+        key = (int(bucket_of[i]), world_size, group_name, gather_dtype(g), val.dtype,
+               str(val.device))
+        groups.setdefault(key, []).append(g)
     position = {n: i for i, n in enumerate(gm.graph.nodes)}  # after reordering
     made = 0
-    for (_, world_size, group_name, dtype), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
+    for (_, world_size, group_name, dtype, _, _), members in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], str(kv[0][3:]))):
         if len(members) < 2:
             continue
         members.sort(key=position.__getitem__)  # the bucket goes where its first member was

@@ -1,17 +1,25 @@
 """shard(module): ZeRO-3 parameters that torch.compile sees as gathers.
 
 Every parameter is flattened, padded to a multiple of the world size and split; this rank
-keeps one slice as an fp32 ``nn.Parameter`` (the shard: what the optimizer steps on). The
-module's attribute of the same name becomes a property that returns
-``allgather_cast(shard)[:numel].view(shape)``: the traced graph shows the gather, the
-partitioner recomputes it in the backward instead of saving the full weight, and a gathered
-weight is freed at its last use like any other value. Tied parameters share one shard.
+keeps one slice as an ``nn.Parameter`` (the shard: what the optimizer steps on; its full shape
+is ``shard.ds_shape``, as in DeepSpeed). The module's attribute of the same name becomes a
+property that returns ``allgather_cast(shard)[:numel].view(shape)``: the traced graph shows the
+gather, the partitioner recomputes it in the backward instead of saving the full weight, and a
+gathered weight is freed at its last use like any other value. Tied parameters share one shard.
 
-``state_dict()`` returns full tensors (gathered: every rank must call it), and
+Writes go through ``gathered_parameters(module, modifier_rank=...)``: inside it the attributes
+are full nn.Parameters (re-init, weight surgery, tying all work as usual), and on exit they are
+re-sharded. Outside it a gathered copy refuses writes (zero3/guard.py), since they would be
+lost. Assigning one sharded parameter to another attribute (HF-style ``tie_weights``) ties
+them: one shard. ``state_dict()`` returns full tensors (gathered: every rank must call it), and
 ``load_state_dict()`` of full tensors re-shards them.
+
+The group is the data-parallel group: gradients are averaged over exactly its ranks.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -21,6 +29,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from deepcompile_remat.zero3 import ops  # noqa: F401  (registers torch.ops.dcr.*)
+from deepcompile_remat.zero3.guard import GatheredCopy, guard
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,7 @@ class ShardSpec:
 
 log = logging.getLogger(__name__)
 _SPECS_ATTR = "_dcr_shard_specs"
+_HOOKS_ATTR = "_dcr_state_dict_hooks"
 _sharded_classes: dict = {}
 
 
@@ -46,17 +56,67 @@ def _gathered(module: nn.Module, name: str) -> torch.Tensor:
         raise RuntimeError(
             f"deepcompile_remat.zero3: parameter {name!r} of {type(module).__name__} changed after "
             f"shard(): expected a 1-D shard of {spec.shard_numel} elements (full shape "
-            f"{spec.shape}), found shape {got}. Load new weights with load_state_dict() (full "
-            f"tensors are re-sharded), not by assigning parameters.")
+            f"{spec.shape}), found shape {got}. Change parameters inside "
+            f"zero3.gathered_parameters(model, modifier_rank=0), or load new weights with "
+            f"load_state_dict() (full tensors are re-sharded).")
+    return gather(shard, spec)
+
+
+def gather(shard: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
+    """The full parameter from this rank's shard, as a traced gather (shared by every owner of
+    shards: zero3.shard and the DeepSpeed takeover)."""
     full = torch.ops.dcr.allgather_cast(shard, spec.world_size, spec.group_name)
     return full[: spec.numel].view(spec.shape)
 
 
-def _sharded_class(cls: type, names: tuple) -> type:
-    key = (cls, names)
+def _read_parameter(module: nn.Module, name: str) -> torch.Tensor:
+    full = _gathered(module, name)
+    if torch.compiler.is_compiling():
+        return full
+    return guard(full, (module, name))
+
+
+def _assign_parameter(module: nn.Module, name: str, value) -> None:
+    """`module.name = value` for a sharded name: a gathered copy of a sharded parameter ties
+    the two (one shard, as HF's tie_weights means); anything else must go through
+    gathered_parameters, since each rank holds only its slice."""
+    if isinstance(value, GatheredCopy):
+        src_module, src_name = value._dcr_source
+        src_spec = getattr(src_module, _SPECS_ATTR)[src_name]
+        if src_spec.shape != getattr(module, _SPECS_ATTR)[name].shape:
+            raise ValueError(
+                f"deepcompile_remat.zero3: cannot tie {name!r} (shape "
+                f"{getattr(module, _SPECS_ATTR)[name].shape}) to {src_name!r} (shape "
+                f"{src_spec.shape}): shapes differ")
+        module._parameters[name] = src_module._parameters[src_name]
+        getattr(module, _SPECS_ATTR)[name] = src_spec
+        return
+    raise ValueError(
+        f"deepcompile_remat.zero3: cannot assign a {type(value).__name__} to "
+        f"{type(module)._dcr_unsharded_class.__name__}.{name}, a sharded parameter: each rank holds only its slice. "
+        f"Assign inside `with zero3.gathered_parameters(model, modifier_rank=0):` (the new value "
+        f"is taken from that rank and re-sharded on exit).")
+
+
+def _sharded_setattr(self, name, value):
+    if name in getattr(self, _SPECS_ATTR, ()):
+        _assign_parameter(self, name, value)
+    else:
+        super(type(self), self).__setattr__(name, value)
+
+
+def sharded_class(cls: type, names: tuple, getter=None) -> type:
+    """A subclass of cls whose attributes `names` are properties returning getter(module, name),
+    so forward code reading `self.weight` traces a gather. Default getter: zero3.shard's own
+    (guarded copies outside compiled code; assignments tie or are refused)."""
+    key = (cls, names, getter)
     if key not in _sharded_classes:
-        props = {n: property(lambda self, n=n: _gathered(self, n)) for n in names}
-        _sharded_classes[key] = type(f"Sharded{cls.__name__}", (cls,), props)
+        read = _read_parameter if getter is None else getter
+        attrs = {n: property(lambda self, n=n: read(self, n)) for n in names}
+        if getter is None:
+            attrs["__setattr__"] = _sharded_setattr
+        attrs["_dcr_unsharded_class"] = cls
+        _sharded_classes[key] = type(f"Sharded{cls.__name__}", (cls,), attrs)
     return _sharded_classes[key]
 
 
@@ -73,10 +133,11 @@ def _resolve_group(group):
 
 
 def _check_backend_serves(module: nn.Module, group) -> None:
-    """The group's backend must move tensors where the parameters live (CPU: gloo)."""
+    """The group's backend must move tensors where the parameters live (CPU: gloo). torch's
+    fake backend (emulated worlds: collectives skipped) serves any device."""
     backend = str(dist.get_backend(group)).lower()
     devices = sorted({p.device.type for p in module.parameters()})
-    if "cpu" in devices and "gloo" not in backend and "mpi" not in backend:
+    if "cpu" in devices and not any(b in backend for b in ("gloo", "mpi", "fake")):
         raise ValueError(
             f"deepcompile_remat.zero3.shard: the module has parameters on cpu but the process "
             f"group's backend is {backend!r}, which cannot gather cpu tensors; use a gloo group "
@@ -107,9 +168,25 @@ def is_sharded(module: nn.Module) -> bool:
     return any(hasattr(m, _SPECS_ATTR) for m in module.modules())
 
 
-def shard(module: nn.Module, group=None, *, config=None) -> nn.Module:
+def _check_group_is_data_parallel(group, group_is_data_parallel: bool) -> None:
+    """Gradients are averaged over the group. A group smaller than the world is right only if
+    it is the whole data-parallel group; we cannot tell, so the caller must say so."""
+    size, world = dist.get_world_size(group), dist.get_world_size()
+    if size < world and not group_is_data_parallel:
+        raise ValueError(
+            f"deepcompile_remat.zero3.shard: the process group has {size} of the {world} ranks. "
+            f"Gradients are averaged over this group only, which is right only if it is your "
+            f"whole data-parallel group (the other ranks hold other model parts, e.g. tensor "
+            f"parallel): then pass group_is_data_parallel=True. Hybrid sharding (shard within "
+            f"a group, replicate across groups) is not supported.")
+
+
+def shard(module: nn.Module, group=None, *, config=None,
+          group_is_data_parallel: bool = False) -> nn.Module:
     """Shards `module`'s parameters in place over `group` (default: WORLD); returns it.
 
+    group: the data-parallel group; gradients are averaged over its ranks. A group smaller
+    than the world needs group_is_data_parallel=True (see _check_group_is_data_parallel).
     config: the RematConfig the module will be compiled with, if you want it checked here.
     Sharding itself reads none of its fields (cast-before-gather, the re-gather schedule and
     prefetch act at compile time, through the backend), but a config that turns the ZeRO-3
@@ -126,10 +203,18 @@ def shard(module: nn.Module, group=None, *, config=None) -> nn.Module:
     if is_sharded(module):
         raise ValueError("deepcompile_remat.zero3.shard: module is already sharded")
     group = _resolve_group(group)
+    _check_group_is_data_parallel(group, group_is_data_parallel)
     _check_backend_serves(module, group)
     _check_ranks_agree(module, group)
+    _shard_modules(module, group, reuse={})
+    return module
+
+
+def _shard_modules(module: nn.Module, group, reuse: dict) -> None:
+    """Replaces every full parameter of every submodule by this rank's shard. reuse maps
+    id(full parameter) -> the shard it was gathered from: a parameter of unchanged shape and
+    dtype is written back into that same shard object (optimizers keep their references)."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    group_name = group.group_name
     shards: dict[int, nn.Parameter] = {}
     for mod in module.modules():
         names = tuple(n for n, p in mod._parameters.items() if p is not None)
@@ -142,15 +227,112 @@ def shard(module: nn.Module, group=None, *, config=None) -> nn.Module:
             if id(p) not in shards:
                 flat = torch.zeros(shard_numel * world, dtype=p.dtype, device=p.device)
                 flat[: p.numel()] = p.detach().reshape(-1)
-                shards[id(p)] = nn.Parameter(flat.view(world, shard_numel)[rank].clone(),
-                                             requires_grad=p.requires_grad)
-            specs[name] = ShardSpec(tuple(p.shape), p.numel(), shard_numel, world, rank, group_name)
+                mine = flat.view(world, shard_numel)[rank]
+                old = reuse.get(id(p))
+                if (old is not None and tuple(old.ds_shape) == tuple(p.shape)
+                        and old.dtype == p.dtype and old.device == p.device):
+                    with torch.no_grad():
+                        old.copy_(mine)
+                    old.requires_grad_(p.requires_grad)
+                    shards[id(p)] = old
+                else:
+                    new = nn.Parameter(mine.clone(), requires_grad=p.requires_grad)
+                    new.ds_shape, new.ds_numel = torch.Size(p.shape), p.numel()
+                    shards[id(p)] = new
+            specs[name] = ShardSpec(tuple(p.shape), p.numel(), shard_numel, world, rank,
+                                    group.group_name)
             mod._parameters[name] = shards[id(p)]
         object.__setattr__(mod, _SPECS_ATTR, specs)
-        mod.__class__ = _sharded_class(type(mod), names)
-        mod._register_state_dict_hook(_state_dict_full)
-        mod._register_load_state_dict_pre_hook(_load_full, with_module=True)
-    return module
+        mod.__class__ = sharded_class(type(mod), names)
+        object.__setattr__(mod, _HOOKS_ATTR, (
+            mod._register_state_dict_hook(_state_dict_full),
+            mod._register_load_state_dict_pre_hook(_load_full, with_module=True)))
+
+
+def _unshard_modules(module: nn.Module) -> dict:
+    """Gathers every shard once into a full nn.Parameter and puts it back on each module
+    (tied parameters stay one object); the modules get their own classes back. Returns
+    id(full parameter) -> the shard it came from."""
+    full_of: dict[int, nn.Parameter] = {}
+    shard_of: dict[int, nn.Parameter] = {}
+    for mod in module.modules():
+        specs = getattr(mod, _SPECS_ATTR, None)
+        if specs is None:
+            continue
+        for name in specs:
+            shard = mod._parameters[name]
+            if id(shard) not in full_of:
+                with torch.no_grad():
+                    full = _gathered(mod, name).detach().clone()
+                full_of[id(shard)] = nn.Parameter(full, requires_grad=shard.requires_grad)
+                shard_of[id(full_of[id(shard)])] = shard
+        for name in specs:
+            mod._parameters[name] = full_of[id(mod._parameters[name])]
+        for handle in getattr(mod, _HOOKS_ATTR):
+            handle.remove()
+        mod.__class__ = type(mod)._dcr_unsharded_class
+        delattr(mod, _SPECS_ATTR)
+        delattr(mod, _HOOKS_ATTR)
+    return shard_of
+
+
+def _group_of(module: nn.Module):
+    names = {spec.group_name for m in module.modules()
+             for spec in getattr(m, _SPECS_ATTR, {}).values()}
+    if len(names) != 1:
+        raise ValueError(f"deepcompile_remat.zero3: expected parameters sharded over one "
+                         f"process group, found {len(names)}")
+    return ops.resolve_group(names.pop())
+
+
+def _fingerprints(module: nn.Module) -> list:
+    return [(n, hashlib.sha1(p.detach().reshape(-1).contiguous().cpu().view(torch.uint8)
+                             .numpy().tobytes()).hexdigest())
+            for n, p in module.named_parameters()]
+
+
+def _broadcast_parameters(module: nn.Module, group, src: int) -> None:
+    for p in module.parameters():  # tied parameters once
+        data = p.detach().reshape(-1).contiguous()
+        flat = data.view(torch.uint8)  # bytes: gloo knows neither bf16 nor every dtype
+        dist.broadcast(flat, src=dist.get_global_rank(group, src), group=group)
+        with torch.no_grad():
+            p.copy_(data.view(p.shape))
+
+
+@contextlib.contextmanager
+def gathered_parameters(module: nn.Module, modifier_rank: Optional[int] = None):
+    """Full parameters for writing: inside the block every sharded parameter of `module` is a
+    full nn.Parameter again (nn.init, `.data` writes, tie_weights, replacing a parameter by one
+    of another shape all work); on exit they are re-sharded. Every rank must enter it.
+
+    modifier_rank: the rank (in the shard group) whose parameters win: they are broadcast to
+    every rank on exit. None: every rank must make the same change, which is checked (a
+    fingerprint of every parameter) and an error names the first that differs.
+    A parameter whose shape and dtype did not change is written back into its old shard
+    object, so optimizers built before keep working; a new or reshaped parameter gets a new
+    shard (build the optimizer after)."""
+    group = _group_of(module)
+    shard_of = _unshard_modules(module)
+    try:
+        yield module
+    finally:
+        _check_ranks_agree(module, group)
+        if modifier_rank is not None:
+            _broadcast_parameters(module, group, modifier_rank)
+        else:
+            mine = _fingerprints(module)
+            everyone = [None] * dist.get_world_size(group)
+            dist.all_gather_object(everyone, mine, group=group)
+            for r, theirs in enumerate(everyone):
+                for (name, a), (_, b) in zip(mine, theirs):
+                    if a != b:
+                        _shard_modules(module, group, reuse=shard_of)
+                        raise ValueError(
+                            f"deepcompile_remat.zero3.gathered_parameters: parameter {name!r} "
+                            f"differs between this rank and rank {r} of the group after the "
+                            f"block; pass modifier_rank= to take one rank's values")
+        _shard_modules(module, group, reuse=shard_of)
 
 
 def _state_dict_full(mod, state_dict, prefix, local_metadata):

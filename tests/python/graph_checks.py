@@ -16,30 +16,51 @@ _CASTS = {"_to_copy", "to", "convert_element_type", "_autocast_to_reduced_precis
 _GATHER_NAMESPACES = {"dcr", "_c10d_functional", "c10d_functional"}
 
 
-def _alias_step(node: fx.Node):
-    """The input a view, cast, copy, gather or getitem derives `node` from, or None."""
-    if node.op != "call_function":
-        return None
-    t = node.target
-    if t is operator.getitem:
-        return node.args[0]
-    if isinstance(t, torch._ops.OpOverload):
-        if t.namespace in _GATHER_NAMESPACES or t.is_view or t.overloadpacket.__name__ in _CASTS:
-            first = node.args[0]
-            if isinstance(first, (list, tuple)):  # bucketed gather: its shards
-                return first[0] if len(first) == 1 else None
-            return first if isinstance(first, fx.Node) else None
-    return None
-
-
-def _passes_through_gather(node: fx.Node) -> bool:
+def _is_gather(node: fx.Node) -> bool:
     t = node.target
     return isinstance(t, torch._ops.OpOverload) and t.namespace in _GATHER_NAMESPACES
 
 
+def _alias_step(node: fx.Node):
+    """(the input `node` derives from as a view, cast, copy, gather or getitem; whether that
+    step passes through a gather), or (None, False). An element of a bucketed gather steps to
+    its own shard."""
+    if node.op != "call_function":
+        return None, False
+    t = node.target
+    if t is operator.getitem:
+        src, k = node.args[0], node.args[1]
+        if isinstance(src, fx.Node) and _is_gather(src) and isinstance(src.args[0], (list, tuple)):
+            return src.args[0][k], True  # bucket -> getitem k -> the k-th shard
+        return src, False
+    if isinstance(t, torch._ops.OpOverload):
+        if _is_gather(node) or t.is_view or t.overloadpacket.__name__ in _CASTS:
+            first = node.args[0]
+            if isinstance(first, (list, tuple)):  # a bucket used whole: no single source
+                return None, False
+            return (first, _is_gather(node)) if isinstance(first, fx.Node) else (None, False)
+    return None, False
+
+
 def saved_names(bw: fx.GraphModule) -> list[str]:
     return [n.name for n in bw.graph.nodes
-            if n.op == "placeholder" and not n.name.startswith("tangents")]
+            if n.op == "placeholder" and not n.name.startswith(("tangents", "bwd_seed",
+                                                                 "bwd_base_offset"))]
+
+
+def saved_tensor_pairs(fw: fx.GraphModule, bw: fx.GraphModule) -> list[tuple[str, fx.Node]]:
+    """(backward placeholder name, the forward node it receives) for each saved tensor, by
+    AOTAutograd's calling convention: the forward returns (outputs, saved tensors, other
+    saved objects) and the backward takes (saved SymInts, saved tensors, ...) with the saved
+    tensors in the same order. Names are not used: passes after the cut (the re-gather
+    schedule's buckets) rename forward nodes."""
+    by_name = {n.name: n for n in bw.graph.nodes}
+    saved = [by_name[name] for name in saved_names(bw)]
+    tensors = [n.name for n in saved if isinstance(n.meta.get("val"), torch.Tensor)]
+    out = fw.graph.find_nodes(op="output")[0]
+    returned = list(out.args[0])
+    num_fwd_outputs = len(returned) - len(saved)
+    return list(zip(tensors, returned[num_fwd_outputs:num_fwd_outputs + len(tensors)]))
 
 
 def parameter_copies_saved(fw: fx.GraphModule, bw: fx.GraphModule,
@@ -47,15 +68,14 @@ def parameter_copies_saved(fw: fx.GraphModule, bw: fx.GraphModule,
     """Saved values that are a gathered, viewed, cast or copied parameter (not the parameter
     itself): a chain of alias steps from the saved node that passes through a gather, or ends
     at one of `parameter_names` (forward placeholders)."""
-    by_name = {n.name: n for n in fw.graph.nodes}
     leaks = []
-    for name in saved_names(bw):
-        node, steps, gathered = by_name.get(name), 0, False
+    for name, node in saved_tensor_pairs(fw, bw):
+        steps, gathered = 0, False
         while node is not None:
-            prev = _alias_step(node)
+            prev, through_gather = _alias_step(node)
             if prev is None:
                 break
-            gathered |= _passes_through_gather(node)
+            gathered |= through_gather
             node, steps = prev, steps + 1
         if steps and (gathered or (node is not None and node.op == "placeholder"
                                    and node.name in parameter_names)):

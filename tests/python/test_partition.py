@@ -392,14 +392,36 @@ def test_deepspeed_config_block(tmp_path):
 
     repo_config = Path(__file__).resolve().parents[2] / "configs" / "zero3_remat.json"
     cfg = config_from_deepspeed(repo_config)
-    assert cfg == RematConfig(policy="conservative", bucket_bytes=65536,
-                              extra={"enabled": True})
-    assert config_from_deepspeed({"zero_optimization": {"stage": 3}}) is None
-    assert config_from_deepspeed({"deepcompile_remat": {"enabled": False}}) is None
+    assert cfg == RematConfig(policy="conservative", bucket_bytes=65536)
+    off = RematConfig(enabled=False)
+    assert config_from_deepspeed({"zero_optimization": {"stage": 3}}) == off
+    assert config_from_deepspeed({"deepcompile_remat": {"enabled": False}}) == off
     bad = tmp_path / "ds.json"
     bad.write_text('{"deepcompile_remat": {"enabled": true, "polcy": "aggressive"}}')
     with pytest.raises(ValueError, match=r"ds.json: deepcompile_remat: unknown key 'polcy'"):
         config_from_deepspeed(bad)
+    # a disabled block is validated too: the typo must not wait until it is switched on
+    with pytest.raises(ValueError, match=r"unknown key 'polcy'"):
+        config_from_deepspeed({"deepcompile_remat": {"enabled": False, "polcy": "x"}})
+    with pytest.raises(ValueError, match=r"deepcompile_remat: RematConfig.enabled must be true "
+                                         r"or false, got 'no'"):
+        config_from_deepspeed({"deepcompile_remat": {"enabled": "no"}})
+
+
+@pytest.mark.parametrize("kind", ["eager", "inductor"])
+def test_disabled_config_is_off(kind):
+    """"enabled": false used to become None, and backend(kind, None) then applied the default
+    config: disabled was on. Off must mean torch's partitioner: ours never runs."""
+    from deepcompile_remat.deepspeed import config_from_deepspeed
+
+    cfg = config_from_deepspeed({"deepcompile_remat": {"enabled": False}})
+    model, x = nn.Linear(16, 16), torch.randn(4, 16)
+    out = torch.compile(model, backend=dcr.backend(kind, cfg))(x)
+    out.sum().backward()
+    assert dcr.reports() == []
+    out = torch.compile(copy.deepcopy(model), backend=dcr.backend(kind, RematConfig()))(x)
+    out.sum().backward()
+    assert len(dcr.reports()) == 1
 
 
 def test_backward_state_is_free_to_save():

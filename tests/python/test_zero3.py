@@ -60,6 +60,7 @@ def _train_and_compare(rank, world, kind, autocast, config=None):
 
     if kind != "uncompiled":
         shard_sizes = {p.numel() for p in model.parameters()}
+        assert dcr.reports(), "the partitioner did not run (a cache hit?): nothing was checked"
         for rep in dcr.reports():
             saved = {v.name for v in rep.saved}
             assert rep.parameter_aliases and not saved & set(rep.parameter_aliases)
@@ -98,12 +99,12 @@ def _async_prefetch(rank, world, kind):
     assert any("wait_tensor" in op for op in rep.backward_ops)
 
 
+@pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("kind", ["eager", "inductor"])
-def test_async_prefetched_gathers(kind):
-    # One rank: the start/wait rewrite and its numerics, with no concurrent gloo collectives
-    # between peers (2 gloo ranks with async gathers crashed in a gloo worker thread in ~3% of
-    # runs here, torch 2.13; "auto" therefore keeps gloo synchronous, see RematConfig).
-    run_ranks(_async_prefetch, 1, kind)
+def test_async_prefetched_gathers(kind, world):
+    """The start/wait rewrite must not change the numbers: training with prefetched async
+    gathers matches one unsharded process, on 1 and on 2 gloo ranks."""
+    run_ranks(_async_prefetch, world, kind)
 
 
 def test_async_gathers_auto_is_synchronous_on_gloo():
@@ -203,7 +204,7 @@ def _tied_odd_frozen(rank, world, kind):
         torch.testing.assert_close(fresh.state_dict()[name], ref)
 
 
-@pytest.mark.parametrize("kind", ["uncompiled", "eager"])
+@pytest.mark.parametrize("kind", ["uncompiled", "eager", "inductor"])
 def test_tied_odd_and_frozen_parameters(kind):
     run_ranks(_tied_odd_frozen, 2, kind)
 
@@ -256,7 +257,10 @@ def test_group_backend_that_cannot_move_cpu_tensors(monkeypatch):
 
 def _changed_after_shard(rank, world):
     model = zero3.shard(MLP(d=8))
-    model.fc1.weight = nn.Parameter(torch.randn(32, 8))
+    with pytest.raises(ValueError, match="cannot assign a Parameter to Linear.weight, a sharded "
+                                         "parameter.*gathered_parameters"):
+        model.fc1.weight = nn.Parameter(torch.randn(32, 8))
+    model.fc1._parameters["weight"] = nn.Parameter(torch.randn(32, 8))  # behind our back
     with pytest.raises(RuntimeError, match="'weight' of .*Linear changed after shard"):
         model(torch.randn(2, 8))
     with pytest.raises(ValueError, match="fc2.weight has shape"):
@@ -278,7 +282,76 @@ def _unmarked_gathers_are_seen(rank, world):
     assert any(parameter_copies_saved(fw, bw) for fw, bw, _ in graphs)
 
 
+def _unmarked_bucketed_gathers_are_seen(rank, world):
+    model = zero3.shard(MLP(d=8))  # every parameter is small: all gathered in buckets
+    config = dcr.RematConfig(mark_parameter_aliases=False)
+    with capture_partitions() as graphs, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(model, backend=dcr.backend("eager", config))(torch.randn(2, 8))
+    out.float().mean().backward()
+    (fw, bw, _), = graphs
+    assert fw.graph.find_nodes(op="call_function",
+                               target=torch.ops.dcr.allgather_cast_bucket.default)
+    assert parameter_copies_saved(fw, bw)
+
+
+def test_saved_set_check_sees_through_buckets():
+    """The walk used to stop at a bucket of several shards, so a gathered weight saved from
+    a bucket passed the check unseen."""
+    run_ranks(_unmarked_bucketed_gathers_are_seen, 1)
+
+
 def test_saved_set_check_sees_gathers_without_the_marking():
     """The independent saved-set check above can fail: without the marking, the cut keeps a
     gathered weight for the backward, and the check finds it."""
     run_ranks(_unmarked_gathers_are_seen, 1)
+
+
+# --- mixed parameter dtypes ------------------------------------------------------------------
+
+class MixedDtypes(nn.Module):
+    """A bf16 model with an fp32 norm-like parameter: both small, so both land in one bucket."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = nn.Parameter(torch.randn(16, dtype=torch.bfloat16))
+        self.b = nn.Parameter(torch.randn(16))
+
+    def forward(self, h):
+        return torch.addcmul(self.b, h, self.g.float())
+
+
+def _mixed_dtypes(rank, world, kind):
+    torch.manual_seed(0)
+    model, h = MixedDtypes(), torch.randn(4, 16)
+    reference = copy.deepcopy(model)
+    ref_out = reference(h)
+    ref_out.sum().backward()
+    zero3.shard(model)
+    out = torch.compile(model, backend=dcr.backend(kind))(h)
+    torch.testing.assert_close(out, ref_out)
+    out.sum().backward()
+    for name in ("g", "b"):
+        spec_numel = getattr(reference, name).numel()
+        full_grad = [torch.zeros_like(getattr(model, "_parameters")[name]) for _ in range(world)]
+        dist.all_gather(full_grad, getattr(model, "_parameters")[name].grad)
+        got = torch.cat(full_grad)[:spec_numel]  # every rank ran the same input: mean == one
+        torch.testing.assert_close(got, getattr(reference, name).grad)
+    assert dcr.reports(), "the partitioner did not run"
+
+
+@pytest.mark.parametrize("kind", ["eager", "inductor"])
+def test_mixed_parameter_dtypes_are_never_bucketed_together(kind):
+    """A bf16 and an fp32 shard in one bucket were gathered into one fp32 buffer while the
+    graph declared bf16: inductor's forward was off by ~4.9 with no error."""
+    run_ranks(_mixed_dtypes, 2, kind)
+
+
+def _bucket_op_rejects_mixed_dtypes(rank, world):
+    shards = [torch.randn(4, dtype=torch.bfloat16), torch.randn(4)]
+    name = dist.group.WORLD.group_name
+    with pytest.raises(ValueError, match="shard 1 is torch.float32 .* shard 0 is torch.bfloat16"):
+        torch.ops.dcr.allgather_cast_bucket(shards, world, name)
+
+
+def test_bucket_op_rejects_mixed_dtypes():
+    run_ranks(_bucket_op_rejects_mixed_dtypes, 1)

@@ -1,0 +1,239 @@
+"""bench-deepspeed: stock DeepSpeed ZeRO-3 against the same engine with the flag on, CPU ranks.
+
+Setups (same GPT, same seed, same ds_config apart from the "deepcompile_remat" block; torch's
+AdamW as the client optimizer; DeepSpeed on its CPU accelerator over gloo):
+  stock           deepspeed.initialize, block disabled: DeepSpeed's eager ZeRO-3 (module hooks
+                  gather before each submodule and release after)
+  stock-compiled  the same plus engine.compile(backend="inductor"): what a DeepSpeed user gets
+                  from torch.compile today (its hooks break the graph at every submodule)
+  ours            deepcompile_remat.deepspeed.initialize, block enabled: our traced gathers,
+                  min-cut partitioner and backend
+Measured per rank: the peak live CPU bytes of one whole training step (engine(x),
+engine.backward, engine.step) above its start, and of its forward+backward alone (the
+optimizer step's fp32 temporaries, the same in every setup, can hide the difference), two
+ways: the CPU allocator's running total in the profiler (profile.memory.peak_over_profile)
+and sampled glibc malloc (MallocPeak: see why); the median step time after two warm-up steps
+(the compile), wall clock and this process's CPU time (all its threads: steadier than the wall
+clock on a machine shared with other jobs). The last loss shows the setups train alike.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+NAME = "bench-deepspeed"
+SETUPS = ("stock", "stock-compiled", "ours")
+
+
+class MallocPeak:
+    """Peak bytes in use by glibc malloc (mallinfo2: uordblks + hblkhd, all arenas, so every
+    thread) above the value on entry, sampled by a thread every interval_s.
+
+    Beside peak_over_profile because that one over-counts here: torch's CPU allocator only
+    accounts a free made in a thread the profiler is enabled in, and gloo's worker threads drop
+    the last reference to collective buffers (measured: a 10 MB tensor freed in another thread
+    stays counted). Sampling can miss a spike shorter than interval_s; NaN without glibc >= 2.33.
+    """
+
+    def __init__(self, interval_s: float = 2e-4):
+        self.interval_s, self.peak = interval_s, float("nan")
+        self._mallinfo = _mallinfo2()
+
+    def _in_use(self) -> int:
+        m = self._mallinfo()
+        return m.uordblks + m.hblkhd
+
+    def __enter__(self):
+        import threading
+
+        if self._mallinfo is None:
+            return self
+        self._base = self._max = self._in_use()
+        self._stop = threading.Event()
+
+        def sample():
+            while not self._stop.is_set():
+                self._max = max(self._max, self._in_use())
+                time.sleep(self.interval_s)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._mallinfo is None:
+            return False
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self._max, self._in_use()) - self._base
+        return False
+
+
+def _mallinfo2():
+    import ctypes
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost")]
+
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = Mallinfo2
+    return fn
+
+
+def ds_config(setup: str, a: argparse.Namespace) -> dict:
+    cfg = {"train_micro_batch_size_per_gpu": a.batch, "steps_per_print": 10 ** 9,
+           "zero_allow_untested_optimizer": True,
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+           "deepcompile_remat": {"enabled": setup == "ours", "backend": a.backend}}
+    if a.release_params:  # stock ZeRO-3 at its least memory: release each parameter after use
+        cfg["zero_optimization"].update(stage3_max_live_parameters=0, stage3_max_reuse_distance=0,
+                                        stage3_prefetch_bucket_size=0)
+    if a.precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    else:
+        cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    return cfg
+
+
+def _rank_main(rank: int, world: int, port: int, args_dict: dict, out_path: str) -> None:
+    os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from deepcompile_remat.bench.models import GPT
+    from deepcompile_remat.profile.memory import peak_over_profile
+    from deepcompile_remat.deepspeed import initialize
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    a = argparse.Namespace(**args_dict)
+    rows = []
+    for setup in a.setups:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = GPT(vocab=a.vocab, d=a.hidden, layers=a.layers, heads=a.heads, max_t=a.seq)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        engine, *_ = initialize(model=model, optimizer=opt, config=ds_config(setup, a))
+        if setup == "stock-compiled":
+            engine.compile(backend="inductor")
+        g = torch.Generator().manual_seed(rank)
+        idx = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
+
+        def forward_backward():
+            loss = engine(idx).float().logsumexp(-1).mean()
+            engine.backward(loss)
+            return loss.item()
+
+        def step():
+            loss = forward_backward()
+            engine.step()
+            return loss
+
+        for _ in range(2):  # compile, first optimizer step (its state is allocated)
+            step()
+        times, cpu_times = [], []
+        for _ in range(a.steps):
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            step()
+            times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step()
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as fwd_bwd_prof:
+            loss = forward_backward()
+        engine.step()
+        dist.barrier()
+        with MallocPeak() as malloc_step:
+            step()
+        dist.barrier()
+        with MallocPeak() as malloc_fwd_bwd:
+            forward_backward()
+        engine.step()
+        rows.append({"setup": setup, "rank": rank, "peak_mb": peak_over_profile(prof) / 2**20,
+                     "fwd_bwd_peak_mb": peak_over_profile(fwd_bwd_prof) / 2**20,
+                     "malloc_peak_mb": malloc_step.peak / 2**20,
+                     "malloc_fwd_bwd_peak_mb": malloc_fwd_bwd.peak / 2**20,
+                     "step_ms": 1e3 * sorted(times)[len(times) // 2],
+                     "cpu_ms": 1e3 * sorted(cpu_times)[len(cpu_times) // 2], "loss": loss,
+                     "taken_over": getattr(engine, "dcr_takeover", None) is not None})
+        engine.destroy()
+        del engine, model, opt
+    dist.destroy_process_group()
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(rows, f)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per setup (median)")
+    parser.add_argument("--precision", choices=("bf16", "autocast"), default="bf16",
+                        help='"bf16": {"enabled": true}, or "torch_autocast" with bfloat16')
+    parser.add_argument("--backend", choices=("inductor", "eager"), default="inductor",
+                        help="the block's backend (setup ours)")
+    parser.add_argument("--setups", nargs="+", choices=SETUPS, default=["stock", "ours"])
+    parser.add_argument("--release-params", action="store_true",
+                        help="stage3_max_live_parameters, stage3_max_reuse_distance and "
+                             "stage3_prefetch_bucket_size 0 in every setup: stock ZeRO-3 releases "
+                             "each parameter after use. Default: DeepSpeed's defaults, under "
+                             "which a model this size stays gathered from forward to backward")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Peak memory and step time per rank: stock DeepSpeed ZeRO-3 vs the flag on (CPU, gloo)."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from deepcompile_remat.bench.ports import free_port
+
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        print("bench-deepspeed needs deepspeed (scripts/install.sh installs it)")
+        return 2
+    args_dict = {k: v for k, v in vars(args).items() if k not in ("run", "command")}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows")
+        mp.spawn(_rank_main, args=(args.world, free_port(), args_dict, out), nprocs=args.world)
+        rows = []
+        for r in range(args.world):
+            with open(f"{out}.{r}") as f:
+                rows += json.load(f)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    knobs = "parameters released after use" if args.release_params else "DeepSpeed's defaults"
+    print(f"GPT {args.layers} layers, hidden {args.hidden}, batch {args.batch}x{args.seq}, "
+          f"{args.world} CPU ranks (gloo), DeepSpeed ZeRO-3 ({knobs}), {args.precision}, ours "
+          f"with {args.backend}; per rank, whole training steps:")
+    print("peak MB above the step's start: whole step and forward+backward alone, from the "
+          "profiler's CPU allocator total (alloc; over-counts frees made in gloo's threads) and "
+          "from sampled glibc malloc (malloc)")
+    print(f"{'setup':<15} {'rank':>4} {'alloc step':>11} {'alloc f+b':>10} {'malloc step':>12} "
+          f"{'malloc f+b':>11} {'step ms':>9} {'cpu ms':>8} {'last loss':>10}")
+    for r in rows:
+        print(f"{r['setup']:<15} {r['rank']:>4} {r['peak_mb']:>11.1f} "
+              f"{r['fwd_bwd_peak_mb']:>10.1f} "
+              f"{r['malloc_peak_mb']:>12.1f} {r['malloc_fwd_bwd_peak_mb']:>11.1f} "
+              f"{r['step_ms']:>9.1f} {r['cpu_ms']:>8.1f} {r['loss']:>10.4f}")
+    return 0

@@ -1,0 +1,124 @@
+"""Every DeepSpeed internal the takeover touches, in one place. Read from deepspeed 0.19.8.
+
+Public DeepSpeed API used elsewhere (not listed here): deepspeed.initialize, the engine's
+config getters (zero_optimization_stage(), zero_offload_optimizer(), ...), and the ZeRO-3
+parameter attributes every ZeRO-3 user sees: ds_tensor (this rank's padded 1-D partition),
+ds_numel, ds_shape, ds_id, ds_process_group.
+
+What DeepSpeed would do without us, and what replaces it (compare deepspeed/compile/init_z3.py,
+which takes over ZeRO-3 the same way for DeepCompile):
+  - module hooks (parameter_offload._remove_module_hooks): gather before each submodule's
+    forward, release after; replaced by traced gathers of ds_tensor.
+  - the engine's forward pre/post hooks: mark every module "_in_forward", which makes a
+    parameter read through module._parameters all-gather it; removed (as DeepCompile does).
+  - grad-accumulation hooks (optimizer._grad_acc_hooks) and leaf-module hooks: bucket, reduce-
+    scatter and copy grads into the grad partitions; replaced by our reduce-scatter in the
+    compiled backward and write_grad_partition below.
+  - ZeRO's F.linear replacement (zero3_linear_wrap, an autograd.Function that saves the
+    gathered weight); torch's F.linear restored, as init_z3 does.
+  - persistent parameters (kept gathered between steps); released and no longer re-gathered.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+DEEPSPEED_VERSION_READ = "0.19.8"
+log = logging.getLogger(__name__)
+
+
+def warn_if_other_version() -> None:
+    """Another DeepSpeed may have moved these internals: say so once (not an error: most of
+    them have been stable across releases, and the tests show whether they still hold)."""
+    import deepspeed
+
+    if deepspeed.__version__ != DEEPSPEED_VERSION_READ:
+        log.warning("deepcompile_remat: DeepSpeed %s; the takeover was written against %s "
+                    "(deepcompile_remat/deepspeed/_ds_internals.py lists what it relies on)",
+                    deepspeed.__version__, DEEPSPEED_VERSION_READ)
+
+
+def stage3_optimizer_class():
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    return DeepSpeedZeroOptimizer_Stage3
+
+
+def remove_zero3_hooks(engine) -> None:
+    """DeepSpeed's gather/release module hooks, its gradient hooks and the engine's forward
+    hooks, all removed; torch's F.linear restored."""
+    optimizer = engine.optimizer
+    optimizer.parameter_offload._remove_module_hooks()
+    for hook in optimizer._grad_acc_hooks:
+        hook.remove()
+    optimizer._grad_acc_hooks.clear()
+    for hook in getattr(optimizer, "_leaf_module_hooks", []):
+        hook.remove()
+    if hasattr(optimizer, "_leaf_module_hooks"):
+        optimizer._leaf_module_hooks.clear()
+    for attr in ("module_forward_pre_hook", "module_forward_post_hook"):
+        handle = getattr(engine, attr, None)
+        if handle is not None:
+            handle.remove()
+            setattr(engine, attr, None)
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
+
+    if hasattr(InsertPostInitMethodToModuleSubClasses, "linear_bk"):
+        torch.nn.functional.linear = InsertPostInitMethodToModuleSubClasses.linear_bk
+
+
+def release_gathered_parameters(engine) -> None:
+    """Partition any parameter DeepSpeed holds gathered (persistent ones, small by
+    stage3_param_persistence_threshold) and stop it re-gathering them after each step: from
+    now on every use reads the shard."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    for p in engine.module.parameters():
+        p.ds_persist = False
+        if p.ds_status == ZeroParamStatus.AVAILABLE:
+            p.partition()
+    engine.optimizer.persistent_parameters.clear()  # _post_step all-gathers these
+
+
+def grad_partition(optimizer, param) -> torch.Tensor:
+    """This rank's slot of `param`'s gradient in the optimizer's flat gradient buffer: what
+    DeepSpeed's optimizer step, clipping, overflow check and checkpoints read. Looked up on every
+    use (offload_states/reload_states rebuild the map)."""
+    return optimizer._DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition[param.ds_id]
+
+
+def micro_step_id(optimizer) -> int:
+    """0 on the first micro-batch after a step (the gradient is copied in), > 0 on the next
+    ones (it is added): DeepSpeed's own rule in partition_grads."""
+    return optimizer.micro_step_id
+
+
+def partition_holds_data(param) -> bool:
+    """False where this rank's partition lies wholly in the padding (tiny parameters on many
+    ranks): DeepSpeed leaves its gradient slot untouched then (partition_grads)."""
+    from deepspeed import comm as ds_dist
+
+    rank = ds_dist.get_rank(group=param.ds_process_group)
+    return param.ds_tensor.numel() * rank < param.ds_numel
+
+
+def wrap_deepcompile_backend(engine, wrap) -> None:
+    """engine.compile() asks get_deepspeed_compile_backend for DeepCompile's backend function;
+    wrap(backend_fn) -> backend_fn' is applied to what it returns."""
+    original = engine.get_deepspeed_compile_backend
+
+    def get_deepspeed_compile_backend(*args, **kwargs):
+        backend_fn, schedule = original(*args, **kwargs)
+        return (None if backend_fn is None else wrap(backend_fn)), schedule
+
+    engine.get_deepspeed_compile_backend = get_deepspeed_compile_backend
+
+
+def deepcompile_backend_module():
+    """deepspeed.compile.backend: its eager path partitions with the module-global
+    min_cut_rematerialization_partition (through get_wrapped_partitioner, which first tags
+    parameter aliases MUST_RECOMPUTE)."""
+    import deepspeed.compile.backend as dc_backend
+
+    return dc_backend

@@ -1,0 +1,58 @@
+"""With DeepCompile on ("compile": {"deepcompile": true}, CUDA only): our partitioner in place of
+DeepSpeed's.
+
+DeepCompile owns ZeRO-3 itself (its own gather/release passes, grad buffers); what we replace is
+only the partitioner it runs on the joint graph. It tags parameter aliases MUST_RECOMPUTE and
+then calls
+  - eager backend: the module-global ``min_cut_rematerialization_partition`` of
+    deepspeed.compile.backend (through get_wrapped_partitioner);
+  - inductor backend: inductor's partition_fn, which honours
+    ``torch._inductor.config.custom_partitioner_fn``.
+install(engine, block) wraps the backend function engine.compile() gets from DeepCompile so
+that, while it compiles a graph, both point at our min-cut (parameters: the graph inputs that
+are DeepSpeed ZeRO-3 parameters), and are restored afterwards: nothing leaks into other
+compilations in the process.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+from deepcompile_remat.deepspeed import _ds_internals as ds
+
+
+def ds_parameter_indices(example_inputs) -> list:
+    return [i for i, x in enumerate(example_inputs) if hasattr(x, "ds_id")]
+
+
+@contextlib.contextmanager
+def our_partitioner(remat, parameter_indices, num_graph_inputs):
+    import torch._inductor.config as inductor_config
+
+    from deepcompile_remat.backends import RematPartitioner, make_partition_fn
+
+    dc_backend = ds.deepcompile_backend_module()
+    saved = dc_backend.min_cut_rematerialization_partition
+    dc_backend.min_cut_rematerialization_partition = make_partition_fn(
+        remat, parameter_indices=parameter_indices, num_graph_inputs=num_graph_inputs)
+    try:
+        with inductor_config.patch(custom_partitioner_fn=RematPartitioner(
+                remat, parameter_indices, num_graph_inputs)):
+            yield
+    finally:
+        dc_backend.min_cut_rematerialization_partition = saved
+
+
+def wrap_backend(backend_fn, remat):
+    """DeepCompile's backend function, partitioning with ours."""
+
+    @functools.wraps(backend_fn)
+    def backend_with_our_partitioner(gm, example_inputs, *args, **kwargs):
+        with our_partitioner(remat, ds_parameter_indices(example_inputs), len(example_inputs)):
+            return backend_fn(gm, example_inputs, *args, **kwargs)
+
+    return backend_with_our_partitioner
+
+
+def install(engine, block) -> None:
+    ds.wrap_deepcompile_backend(engine, lambda fn: wrap_backend(fn, block.remat))

@@ -1,0 +1,165 @@
+"""take_over(engine, block): a stock DeepSpeed ZeRO-3 engine, parameters handled by us.
+
+After deepspeed.initialize every parameter is a DeepSpeed ZeRO-3 parameter: an empty
+placeholder whose rank-local slice lives in ``param.ds_tensor`` (1-D, padded, in the dtype
+DeepSpeed keeps: bf16 under "bf16", fp32 under "torch_autocast"). The takeover
+
+  1. removes DeepSpeed's gather/release and gradient hooks (_ds_internals.remove_zero3_hooks);
+  2. gives each parameter one *shard leaf*: an ``nn.Parameter`` aliasing ds_tensor's storage,
+     so the optimizer's in-place updates of ds_tensor are what the next forward gathers;
+  3. turns each module attribute into a property returning ``gather(leaf)`` (zero3.shard's
+     traced allgather_cast, [:numel].view(shape)); ``module._parameters`` keeps DeepSpeed's
+     parameters, so named_parameters(), state_dict() and checkpoints are DeepSpeed's own;
+  4. compiles the module's forward with our backend: the partitioner sees the gathers and
+     re-gathers in the backward instead of saving full weights.
+
+Gradients: allgather_cast's backward reduce-scatters the full gradient (mean over ranks, as
+DeepSpeed's averaging), so each shard leaf receives exactly this rank's averaged partition. A
+post-accumulate-grad hook moves it into DeepSpeed's gradient partition the way partition_grads
+does (copy on the first micro-batch after a step, add on the next ones) and frees it. The
+engine's own backward epilogue then runs unchanged (empty reduce buckets): optimizer step,
+clipping, overflow checks and checkpoints read the partitions as they always do.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from deepcompile_remat.deepspeed import _ds_internals as ds
+from deepcompile_remat.deepspeed.config import DeepSpeedBlock
+from deepcompile_remat.zero3.shard import ShardSpec, gather, sharded_class
+
+log = logging.getLogger(__name__)
+_LEAVES_ATTR = "_dcr_ds_leaves"
+_SPECS_ATTR = "_dcr_ds_specs"
+
+
+def _gathered(module: nn.Module, name: str) -> torch.Tensor:
+    return gather(getattr(module, _LEAVES_ATTR)[name], getattr(module, _SPECS_ATTR)[name])
+
+
+@dataclass
+class Takeover:
+    """What initialize() attached to the engine (engine.dcr_takeover)."""
+
+    block: DeepSpeedBlock
+    leaves: list = field(default_factory=list)  # (DeepSpeed parameter, shard leaf)
+    written: set = field(default_factory=set)  # ds_ids whose slot this micro-batch has written
+    handles: list = field(default_factory=list)
+
+    def sync(self) -> None:
+        """Re-point a leaf whose ds_tensor DeepSpeed moved to new storage (offload_states /
+        reload_states, a checkpoint load that reallocates): the leaf must alias the live slice."""
+        for p, leaf in self.leaves:
+            t = p.ds_tensor
+            if (leaf.data_ptr() != t.data_ptr() or leaf.dtype != t.dtype
+                    or leaf.numel() != t.numel()):
+                leaf.data = t.data
+
+
+def check_supported(engine) -> None:
+    """What the takeover does not implement, refused before anything is touched."""
+    problems = []
+    if type(engine.optimizer) is not ds.stage3_optimizer_class():  # MiCS subclasses it
+        problems.append(f"the engine's optimizer is {type(engine.optimizer).__name__}, not "
+                        "DeepSpeed's ZeRO-3 optimizer (pass an optimizer or an \"optimizer\" "
+                        "block; inference-only engines and MiCS are not supported)")
+    for what, cfg in (("offload_optimizer", engine.zero_offload_optimizer()),
+                      ("offload_param", engine.zero_offload_param())):
+        device = getattr(cfg, "device", None)
+        if device is not None and str(getattr(device, "value", device)) != "none":
+            problems.append(f"zero_optimization.{what} (device {device}) is not supported")
+    if engine.zero_hpz_partition_size() > 1:
+        problems.append("zero_optimization.zero_hpz_partition_size > 1 is not supported")
+    if engine.gradient_predivide_factor() != 1.0:
+        problems.append("gradient_predivide_factor != 1.0 is not supported")
+    if getattr(engine, "sequence_parallel_size", 1) > 1:
+        problems.append("sequence parallelism is not supported")
+    if problems:
+        raise ValueError("deepcompile_remat: cannot take over this DeepSpeed engine: "
+                         + "; ".join(problems))
+
+
+def _spec(p) -> ShardSpec:
+    group = p.ds_process_group if p.ds_process_group is not None else dist.group.WORLD
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    shard_numel = p.ds_tensor.numel()
+    if p.ds_tensor.dim() != 1 or shard_numel * world < p.ds_numel:
+        raise RuntimeError(
+            f"deepcompile_remat: DeepSpeed parameter ds_id={p.ds_id} (shape {tuple(p.ds_shape)}) "
+            f"has a partition of shape {tuple(p.ds_tensor.shape)} on {world} ranks: not the 1-D "
+            f"padded partition the takeover expects")
+    return ShardSpec(tuple(p.ds_shape), p.ds_numel, shard_numel, world, rank, group.group_name)
+
+
+def _grad_hook(takeover: Takeover, optimizer, p):
+    holds_data = ds.partition_holds_data(p)
+
+    @torch.no_grad()
+    def hook(leaf: torch.Tensor) -> None:
+        grad, leaf.grad = leaf.grad, None
+        if grad is None or not holds_data:
+            return
+        slot = ds.grad_partition(optimizer, p).narrow(0, 0, grad.numel())
+        if p.ds_id in takeover.written or ds.micro_step_id(optimizer) != 0:
+            slot.add_(grad.to(slot.dtype))  # a later micro-batch, or a second use this one
+        else:
+            slot.copy_(grad)
+        takeover.written.add(p.ds_id)
+
+    return hook
+
+
+def take_over(engine, block: DeepSpeedBlock) -> Takeover:
+    from deepcompile_remat.backends import backend
+
+    check_supported(engine)
+    module, optimizer = engine.module, engine.optimizer
+    for name, p in module.named_parameters():
+        if not hasattr(p, "ds_tensor"):
+            raise RuntimeError(f"deepcompile_remat: parameter {name!r} is not a DeepSpeed ZeRO-3 "
+                               "parameter (added after deepspeed.initialize?)")
+    ds.remove_zero3_hooks(engine)
+    ds.release_gathered_parameters(engine)
+
+    takeover = Takeover(block)
+    leaves: dict = {}
+    for mod in module.modules():
+        names = tuple(n for n, p in mod._parameters.items() if p is not None)
+        if not names:
+            continue
+        mod_leaves, specs = {}, {}
+        for n in names:
+            p = mod._parameters[n]
+            if id(p) not in leaves:  # tied parameters share one leaf
+                leaf = nn.Parameter(p.ds_tensor.data, requires_grad=p.requires_grad)
+                leaves[id(p)] = leaf
+                takeover.leaves.append((p, leaf))
+                if p.requires_grad:
+                    takeover.handles.append(
+                        leaf.register_post_accumulate_grad_hook(_grad_hook(takeover, optimizer, p)))
+            mod_leaves[n], specs[n] = leaves[id(p)], _spec(p)
+        object.__setattr__(mod, _LEAVES_ATTR, mod_leaves)
+        object.__setattr__(mod, _SPECS_ATTR, specs)
+        mod.__class__ = sharded_class(type(mod), names, _gathered)
+
+    def before_forward(_module, _args):
+        takeover.sync()
+        takeover.written.clear()  # a new micro-batch
+
+    takeover.handles.append(module.register_forward_pre_hook(before_forward))
+    # Only forward is compiled: the hook above stays eager.
+    module.forward = torch.compile(module.forward, backend=backend(block.backend, block.remat))
+
+    def compile(*_args, **_kwargs):  # noqa: A001  (shadows engine.compile on this engine)
+        log.info("deepcompile_remat: engine.compile() ignored: initialize() compiled the module "
+                 "with the block's backend (%s) already", block.backend)
+
+    engine.compile = compile
+    log.info("deepcompile_remat: took over %d DeepSpeed ZeRO-3 parameters (backend %s)",
+             len(takeover.leaves), block.backend)
+    return takeover

@@ -1,0 +1,68 @@
+"""Facts about FX nodes that the partitioner and the ZeRO-3 passes both need, in one neutral
+place: what a value costs in bytes, and whether a node only aliases (views) its input.
+
+Symbolic sizes are costed by their hints (fallback 4096 elements, as torch's partitioner does)
+in a single process. Under a process group of several ranks they are costed rank-independently
+instead (every free symbol = 4096): each rank's hints are the sizes it happened to see first,
+and ranks that cost one symbolic graph differently cut it differently, re-gather different
+weights and hang in mismatched collectives.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+SYMBOL_SIZE_WITHOUT_HINT = 4096
+
+
+def _several_ranks() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _rank_independent_size(x) -> int:
+    """x with every free symbol replaced by SYMBOL_SIZE_WITHOUT_HINT: a function of the
+    symbolic graph alone, the same on every rank."""
+    import sympy
+
+    expr = x.node.expr
+    try:
+        value = expr.xreplace({s: sympy.Integer(SYMBOL_SIZE_WITHOUT_HINT)
+                               for s in expr.free_symbols})
+        return max(int(value), 0)
+    except (TypeError, ValueError):  # an expression sympy cannot fold to a number
+        return SYMBOL_SIZE_WITHOUT_HINT
+
+
+def _hint(x) -> int:
+    if isinstance(x, int):
+        return x
+    if _several_ranks():
+        return _rank_independent_size(x)
+    from torch.fx.experimental import symbolic_shapes as ss
+
+    # optimization_hint (2.13) / hint_int (2.11): a size hint that adds no guard.
+    hint = getattr(ss, "optimization_hint", None) or ss.hint_int
+    return int(hint(x, fallback=SYMBOL_SIZE_WITHOUT_HINT))
+
+
+def value_bytes(val) -> float:
+    """Bytes a saved value costs (tensors by their hinted numel; 0 for non-tensors)."""
+    if isinstance(val, torch.Tensor):
+        return float(_hint(val.numel()) * val.element_size())
+    if isinstance(val, (list, tuple)):
+        return float(sum(value_bytes(v) for v in val))
+    return 0.0
+
+
+def is_view(node: fx.Node) -> bool:
+    """An ATen view op: its output aliases its first input's storage."""
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.is_view)
+
+
+def is_alias(node: fx.Node) -> bool:
+    """A view, or a getitem (an element of a tuple output): no storage of its own."""
+    return node.op == "call_function" and (node.target is operator.getitem or is_view(node))

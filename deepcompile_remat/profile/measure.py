@@ -1,0 +1,279 @@
+"""One rank's run of the matrix: for each cell, build the sharded GPT, compile it with the cell's
+backend, time steps, then profile one step.
+
+Memory is read from profiled steps after the timed ones (``profiled_steps``, each rank keeps
+the one with the smallest peak; see run_cell). A step (what every figure refers to):
+  forward   the compiled model under the cell's precision, then the loss (fp32 cross-entropy)
+  backward  loss.backward(): the compiled backward, gradient shards reduce-scattered and
+            accumulated into .grad
+  release   .grad set to None (what zero_grad() does), so every step starts from the same state
+No optimizer step: its memory and time are the same whatever the partition. Memory figures
+are relative to the allocator's total when the step begins (sharded model and inputs already
+allocated); step time is the median over the timed steps after warm-up; a barrier precedes each
+timed step.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from deepcompile_remat.profile import memory
+from deepcompile_remat.profile.partitions import PartitionRecorder
+from deepcompile_remat.profile.setups import Cell
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq: int
+    batch: int
+
+    def parameters(self) -> int:
+        d, v, t = self.hidden, self.vocab, self.seq
+        norms, qkv, proj = 2 * 2 * d, 3 * d * d + 3 * d, d * d + d
+        block = norms + qkv + proj + (4 * d * d + 4 * d) + (4 * d * d + d)
+        return self.layers * block + v * d + t * d + 2 * d + d * v
+
+    def describe(self) -> str:
+        return (f"GPT {self.layers} layers, hidden {self.hidden}, {self.heads} heads, vocab "
+                f"{self.vocab}, batch {self.batch} x seq {self.seq}: "
+                f"{self.parameters() / 1e6:.1f} M parameters")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    warmup: int = 1
+    steps: int = 5
+    profiled_steps: int = 2
+    timeline_points: int = 1500
+
+
+def build_model(size: ModelSize, precision: str, device):
+    import torch
+
+    from deepcompile_remat import zero3
+    from deepcompile_remat.bench.models import GPT
+
+    torch.manual_seed(0)  # the same full weights on every rank, before sharding
+    with torch.device(device):  # built where it runs: a 1B model initializes in seconds
+        model = GPT(vocab=size.vocab, d=size.hidden, layers=size.layers, heads=size.heads,
+                    max_t=size.seq)
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    return zero3.shard(model)
+
+
+def make_step(run, model, size: ModelSize, precision: str, device, rank: int) -> Callable:
+    import torch
+    import torch.nn.functional as F
+    from torch.profiler import record_function
+
+    g = torch.Generator().manual_seed(1000 + rank)  # each rank its own micro-batch
+    idx = torch.randint(0, size.vocab, (size.batch, size.seq), generator=g).to(device)
+    targets = torch.randint(0, size.vocab, (size.batch, size.seq), generator=g).to(device)
+    params = list(model.parameters())
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) \
+        if precision == "autocast" else contextlib.nullcontext
+
+    def step(after_forward: Optional[Callable[[], None]] = None) -> None:
+        with record_function(memory.FORWARD):
+            with autocast():
+                logits = run(idx)
+            loss = F.cross_entropy(logits.float().view(-1, size.vocab), targets.view(-1))
+            del logits
+        if after_forward is not None:
+            after_forward()
+        with record_function(memory.BACKWARD):
+            loss.backward()
+            del loss
+        with record_function(memory.RELEASE):
+            for p in params:
+                p.grad = None
+
+    return step
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def run_cell(cell: Cell, size: ModelSize, opts: RunOptions, rank: int, world: int, device,
+             emulated: bool, exact_counter: bool,
+             progress: Optional[Callable[[str], None]] = None) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from deepcompile_remat import zero3
+
+    say = progress or (lambda _msg: None)
+    torch._dynamo.reset()
+    recorder = PartitionRecorder()
+    model = build_model(size, cell.precision, device)
+    run = torch.compile(model, backend=cell.compile_backend(recorder))
+    step = make_step(run, model, size, cell.precision, device, rank)
+
+    say("compiling")
+    t0 = time.perf_counter()
+    step()
+    _sync(device)
+    compile_s = time.perf_counter() - t0
+    for i in range(opts.warmup):
+        say(f"compiled in {compile_s:.1f} s; warm-up {i + 1}/{opts.warmup}")
+        step()
+    times = []
+    for i in range(opts.steps):
+        say(f"compiled in {compile_s:.1f} s; step {i + 1}/{opts.steps}")
+        dist.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    measured = []
+    for i in range(opts.profiled_steps):
+        say(f"profiling step {i + 1}/{opts.profiled_steps}")
+        dist.barrier()
+        zero3.CommStats.reset()
+        gc.collect()
+        with profile(activities=activities, profile_memory=True) as prof:
+            step()
+            _sync(device)
+        if i == 0:
+            gathered, calls = zero3.CommStats.allgather_bytes, zero3.CommStats.allgather_calls
+        mem = memory.from_profile(prof, device.type)
+        del prof
+        if device.type == "cuda":  # exact figures from the allocator's stats: one more step
+            cuda_peaks = memory.CudaStepPeaks(device)
+            dist.barrier()
+            cuda_peaks.begin()
+            step(after_forward=cuda_peaks.forward_done)
+            cuda_peaks.step_done()
+            mem = cuda_peaks.apply(mem)
+        measured.append(mem)
+    # The step with the smallest peak: on gloo, a collective's buffer is now and then released
+    # by gloo's worker thread a moment after the op returned, which adds up to one fp32 weight
+    # gradient to that step's peak at random (results.json keeps every step's peak).
+    mem = min(measured, key=lambda m: m.peak_bytes)
+    stats = recorder.stats()
+    t_ms, live = memory.downsample(mem.t_ms, mem.live_bytes, opts.timeline_points)
+    row = {
+        "backend": cell.backend, "precision": cell.precision, "setup": cell.setup,
+        "rank": rank, "world": world, "emulated": emulated, "device": device.type,
+        "exact_counter": exact_counter if device.type == "cpu" else True,
+        "peak_bytes": mem.peak_bytes, "fw_peak_bytes": mem.fw_peak_bytes,
+        "bw_peak_bytes": mem.bw_peak_bytes, "boundary_bytes": mem.boundary_bytes,
+        "start_bytes": mem.start_bytes, "peak_bytes_each_step": [m.peak_bytes for m in measured],
+        "step_s": statistics.median(times) if times else float("nan"), "step_times_s": times,
+        "compile_s": compile_s,
+        "gathered_bytes": float(gathered) + stats.async_gather_bytes,
+        "gather_calls": int(calls) + stats.async_gather_calls,
+        "partitions": len(recorder.partitions),
+        **stats.as_dict(),
+        "timeline": {"t_ms": t_ms, "bytes": live, "fw_end_ms": mem.fw_end_ms,
+                     "step_end_ms": mem.bw_end_ms},
+    }
+    del run, model, step, recorder, measured
+    gc.collect()
+    torch._dynamo.reset()
+    if device.type == "cuda":  # the next cell starts from the same allocator state
+        torch.cuda.empty_cache()
+    return row
+
+
+class Progress:
+    """One progress line on stderr (rewritten in place on a terminal)."""
+
+    def __init__(self, total: int, prefix: str = "profile", stream=None) -> None:
+        self.total, self.prefix = total, prefix
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.start = time.perf_counter()
+        self.index = 0
+        self.cell = ""
+
+    def begin(self, index: int, cell: str) -> None:
+        self.index, self.cell = index, cell
+        self("starting")
+
+    def __call__(self, msg: str) -> None:
+        line = (f"{self.prefix} [{self.index}/{self.total}] {self.cell}: {msg} "
+                f"({time.perf_counter() - self.start:.0f} s)")
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def rank_main(rank: int, nprocs: int, world: int, emulated: bool, port: int, device_kind: str,
+              cells: list, size: ModelSize, opts: RunOptions, out_path: str,
+              show_progress: bool) -> None:
+    """Entry point of one rank process (mp.spawn): every cell, rows to out_path.<rank>."""
+    import json
+
+    import torch
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    import torch.distributed as dist
+
+    # Every partition must be observed: a cache hit would skip the partitioner.
+    inductor_config.fx_graph_cache = False
+    functorch_config.enable_autograd_cache = False
+    exact = memory.exact_cpu_counter(True) if device_kind == "cpu" else True
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // nprocs))
+    if device_kind == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    if emulated:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        # Gathered weights are this rank's slot plus uninitialized memory: denormals there
+        # would slow the CPU's arithmetic by orders of magnitude (memory is unaffected).
+        torch.set_flush_denormal(True)
+
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    else:
+        dist.init_process_group("nccl" if device_kind == "cuda" else "gloo",
+                                init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
+    prefix = "profile" + (f" (emulated world {world})" if emulated else "")
+    progress = Progress(len(cells), prefix) if (show_progress and rank == 0) else None
+    rows = []
+    try:
+        for i, cell in enumerate(cells, 1):
+            if progress:
+                progress.begin(i, cell.name)
+            rows.append(run_cell(cell, size, opts, rank, world, device, emulated, exact,
+                                 progress))
+            if progress:
+                r = rows[-1]
+                timed = "" if r["step_s"] != r["step_s"] else f", step {r['step_s']:.2f} s"
+                progress(f"peak {r['peak_bytes'] / 2**20:.1f} MB{timed}")
+        if progress:
+            progress.done()
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(rows, f)

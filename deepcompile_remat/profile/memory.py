@@ -1,0 +1,172 @@
+"""Memory over one step, from the allocator's own accounting.
+
+CPU: torch.profiler's allocation events (``profile_memory=True``) carry the CPU allocator's
+running total after each allocation and free. That total is only exact if every thread counts:
+c10 counts an allocation or a free only in threads where profiling is on, and gloo's worker
+threads (where a collective's work object, with the tensors it holds, is often released) are
+not among them, so each such free would leave its bytes in the total for good: +-10 MB of
+noise between two ranks running the same graphs, at 4 MB per tensor. ``exact_cpu_counter()``
+sets c10's ``FLAGS_caffe2_report_cpu_memory_usage`` (through ctypes: it has no Python API),
+which makes the allocator count in every thread; the events still come from the profiled
+threads, but the total they carry is then exact. Where the flag cannot be set (another build),
+the measurement says so.
+
+CUDA: the caching allocator's statistics (``memory_allocated``, ``max_memory_allocated``) are
+exact; the profiler's CUDA allocation events draw the timeline.
+
+A step is bracketed by ``record_function`` marks (FORWARD, BACKWARD, RELEASE); the forward peak
+is the largest total up to the end of FORWARD, the backward peak the largest after it. All
+figures are relative to the total at the step's start (model state and inputs already there).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+FORWARD = "dcr.profile.forward"
+BACKWARD = "dcr.profile.backward"
+RELEASE = "dcr.profile.release"
+MARKS = (FORWARD, BACKWARD, RELEASE)
+_FLAG = "FLAGS_caffe2_report_cpu_memory_usage"
+
+
+def exact_cpu_counter(on: bool = True) -> bool:
+    """Makes the CPU allocator count allocations and frees of every thread (see the module
+    docstring). Returns whether the flag could be set. Turn it on before the tensors to be
+    measured are allocated (frees of tensors it never saw are not counted)."""
+    import torch
+
+    libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so*"))
+    for path in libs:
+        try:
+            flag = ctypes.c_bool.in_dll(ctypes.CDLL(path), _FLAG)
+        except (OSError, ValueError):
+            continue
+        flag.value = on
+        return True
+    return False
+
+
+@dataclass
+class StepMemory:
+    start_bytes: float        # allocator total when the step began (model state, inputs)
+    peak_bytes: float         # largest total over the step, minus start_bytes
+    fw_peak_bytes: float      # ... up to the end of the forward (loss included)
+    bw_peak_bytes: float      # ... from the backward's start to the step's end
+    boundary_bytes: float     # alive when the forward ends: what it keeps for the backward
+    t_ms: np.ndarray          # timeline: time since the step began
+    live_bytes: np.ndarray    # ... and total minus start_bytes after each event
+    fw_end_ms: float
+    bw_end_ms: float
+    events: int
+
+
+def _marks(tree) -> dict:
+    out = {}
+    for n in tree.sorted_nodes:
+        if n.name in MARKS and n.name not in out:
+            out[n.name] = (n.start_time_ns, n.end_time_ns)
+    return out
+
+
+def peak_over_profile(prof, device_type: str = "cpu") -> float:
+    """Peak live bytes over a whole profiled region (no marks needed): the largest allocator
+    total after an event, minus the total before the first event."""
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import OpTree  # private: the profiler's event tree
+
+    events = sorted(((n.start_time_ns, n.typed[1].total_allocated, n.typed[1].alloc_size)
+                     for n in OpTree(prof.profiler.kineto_results).sorted_nodes
+                     if n.typed[0] == _EventType.Allocation
+                     and n.typed[1].device.type == device_type), key=lambda e: e[0])
+    if not events:
+        return 0.0
+    return float(max(e[1] for e in events) - (events[0][1] - events[0][2]))
+
+
+def from_profile(prof, device_type: str = "cpu") -> StepMemory:
+    """The step's memory from a torch.profiler run of exactly one step (with the marks)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import OpTree  # private: the profiler's event tree
+
+    tree = OpTree(prof.profiler.kineto_results)
+    marks = _marks(tree)
+    missing = [m for m in MARKS if m not in marks]
+    if missing:
+        raise RuntimeError(f"profiled step lacks the marks {missing}")
+    t0 = marks[FORWARD][0]
+    fw_end, bw_end = marks[FORWARD][1], marks[RELEASE][1]
+    events = sorted(((n.start_time_ns, n.typed[1].total_allocated, n.typed[1].alloc_size)
+                     for n in tree.sorted_nodes
+                     if n.typed[0] == _EventType.Allocation
+                     and n.typed[1].device.type == device_type),
+                    key=lambda e: e[0])
+    events = [e for e in events if t0 <= e[0] <= bw_end]
+    if not events:
+        return StepMemory(0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(1), np.zeros(1), 0.0, 0.0, 0)
+    start = float(events[0][1] - events[0][2])
+    t = np.asarray([(e[0] - t0) / 1e6 for e in events])
+    live = np.asarray([float(e[1]) for e in events]) - start
+    fw = t <= (fw_end - t0) / 1e6
+    return StepMemory(
+        start_bytes=start, peak_bytes=float(max(live.max(), 0.0)),
+        fw_peak_bytes=float(max(live[fw].max(), 0.0)) if fw.any() else 0.0,
+        bw_peak_bytes=float(max(live[~fw].max(), 0.0)) if (~fw).any() else 0.0,
+        boundary_bytes=float(live[fw][-1]) if fw.any() else 0.0,
+        t_ms=np.concatenate([[0.0], t]), live_bytes=np.concatenate([[0.0], live]),
+        fw_end_ms=(fw_end - t0) / 1e6, bw_end_ms=(bw_end - t0) / 1e6, events=len(events))
+
+
+def downsample(t: np.ndarray, y: np.ndarray, points: int = 1500) -> tuple[list, list]:
+    """At most ~2*points samples that keep every bucket's minimum and maximum (peaks stay)."""
+    if len(t) <= 2 * points:
+        return t.tolist(), y.tolist()
+    keep = {0, len(t) - 1}
+    for chunk in np.array_split(np.arange(len(t)), points):
+        keep.add(int(chunk[np.argmax(y[chunk])]))
+        keep.add(int(chunk[np.argmin(y[chunk])]))
+    idx = np.asarray(sorted(keep))
+    return t[idx].tolist(), y[idx].tolist()
+
+
+class CudaStepPeaks:
+    """Exact forward/backward peaks from the CUDA caching allocator's statistics."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self.start = self.fw = self.bw = self.boundary = 0.0
+
+    def begin(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.start = float(torch.cuda.memory_allocated(self.device))
+
+    def forward_done(self) -> None:
+        import torch
+
+        self.fw = float(torch.cuda.max_memory_allocated(self.device)) - self.start
+        self.boundary = float(torch.cuda.memory_allocated(self.device)) - self.start
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def step_done(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        self.bw = float(torch.cuda.max_memory_allocated(self.device)) - self.start
+
+    def apply(self, mem: Optional[StepMemory]) -> StepMemory:
+        """The allocator's exact figures over the profiler's timeline."""
+        if mem is None:
+            mem = StepMemory(0, 0, 0, 0, 0, np.zeros(1), np.zeros(1), 0.0, 0.0, 0)
+        mem.start_bytes = self.start
+        mem.fw_peak_bytes, mem.bw_peak_bytes = max(self.fw, 0.0), max(self.bw, 0.0)
+        mem.peak_bytes = max(mem.fw_peak_bytes, mem.bw_peak_bytes)
+        mem.boundary_bytes = self.boundary
+        return mem

@@ -1,0 +1,204 @@
+"""What one partition keeps for the backward, and what the memory simulator predicts for it.
+
+Read from the forward and backward FX graphs right after the partitioner returns them (see
+``backend(..., on_partition=...)``), before any compiler rewrites them:
+
+- saved values: the backward's placeholders that are neither tangents nor parameter shards
+  (the shards live anyway), each storage once (a saved view keeps its whole base alive);
+- of those, the *weight* bytes: values computed from parameter shards alone (a gathered weight,
+  its views, its bf16 copy): what ZeRO-3 loses when the partitioner saves them;
+- activation bytes per transformer block (``blocks.<i>`` in the nodes' module stacks; a node
+  without one takes the latest block among its inputs);
+- the simulated peaks of the forward and of the backward (csrc/memsim, in FX order),
+  relative to the step's start: the forward's inputs pre-exist the step; of the backward's,
+  only the shards do;
+- bytes moved by the gathers the schedule made asynchronous (functional-collective start/wait
+  pairs, which the ops' own counter does not see).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from deepcompile_remat.fx_values import is_alias, value_bytes
+
+_BLOCK = re.compile(r"\bblocks[._](\d+)\b")
+
+
+@dataclass
+class PartitionStats:
+    saved_values: int = 0
+    saved_bytes: float = 0.0
+    saved_weight_bytes: float = 0.0
+    saved_activation_bytes: float = 0.0
+    activation_bytes_per_block: dict = field(default_factory=dict)  # block index -> bytes
+    predicted_fw_bytes: float = 0.0
+    predicted_bw_bytes: float = 0.0
+    async_gather_bytes: float = 0.0
+    async_gather_calls: int = 0
+
+    @property
+    def predicted_peak_bytes(self) -> float:
+        return max(self.predicted_fw_bytes, self.predicted_bw_bytes)
+
+    def as_dict(self) -> dict:
+        return {"saved_values": self.saved_values, "saved_bytes": self.saved_bytes,
+                "saved_weight_bytes": self.saved_weight_bytes,
+                "saved_activation_bytes": self.saved_activation_bytes,
+                "activation_bytes_per_block": {str(k): v for k, v in
+                                               sorted(self.activation_bytes_per_block.items())},
+                "predicted_fw_bytes": self.predicted_fw_bytes,
+                "predicted_bw_bytes": self.predicted_bw_bytes,
+                "predicted_peak_bytes": self.predicted_peak_bytes,
+                "async_gather_bytes": self.async_gather_bytes,
+                "async_gather_calls": self.async_gather_calls}
+
+
+def combine(parts: Sequence[PartitionStats]) -> PartitionStats:
+    """Several graphs (graph breaks) in one step: saved bytes add up; the graphs run one after
+    another, so the predicted peak is at least the largest one's (a lower bound)."""
+    out = PartitionStats()
+    for p in parts:
+        out.saved_values += p.saved_values
+        out.saved_bytes += p.saved_bytes
+        out.saved_weight_bytes += p.saved_weight_bytes
+        out.saved_activation_bytes += p.saved_activation_bytes
+        for k, v in p.activation_bytes_per_block.items():
+            out.activation_bytes_per_block[k] = out.activation_bytes_per_block.get(k, 0.0) + v
+        out.predicted_fw_bytes = max(out.predicted_fw_bytes, p.predicted_fw_bytes)
+        out.predicted_bw_bytes = max(out.predicted_bw_bytes, p.predicted_bw_bytes)
+        out.async_gather_bytes += p.async_gather_bytes
+        out.async_gather_calls += p.async_gather_calls
+    return out
+
+
+def _value_bytes(node: fx.Node) -> float:
+    return float(value_bytes(node.meta.get("val")))
+
+
+def _storage_root(node: fx.Node) -> fx.Node:
+    while is_alias(node) and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def parameter_names(fw: fx.GraphModule, example_inputs: Sequence[Any]) -> set:
+    """Names of the forward's placeholders that are parameters (the backend's nn.Parameter
+    inputs; AOTAutograd names primal i ``primals_{i+1}``)."""
+    placeholders = [n.name for n in fw.graph.find_nodes(op="placeholder")]
+    params = {f"primals_{i + 1}" for i, x in enumerate(example_inputs)
+              if isinstance(x, torch.nn.Parameter)}
+    return params & set(placeholders)
+
+
+def _weight_derived(fw: fx.GraphModule, params: set) -> set:
+    """Nodes computed from parameter shards alone."""
+    out = set()
+    for n in fw.graph.nodes:
+        if n.op == "placeholder":
+            if n.name in params:
+                out.add(n)
+        elif n.op == "call_function":
+            inputs = n.all_input_nodes
+            if inputs and all(i in out for i in inputs):
+                out.add(n)
+    return out
+
+
+def _block_of(node: fx.Node, memo: dict) -> Optional[int]:
+    if node in memo:
+        return memo[node]
+    memo[node] = None  # cycles cannot happen in a DAG, but guard the recursion anyway
+    stack = node.meta.get("nn_module_stack") or {}
+    found = None
+    for path, _ in stack.values():
+        m = _BLOCK.search(str(path))
+        if m:
+            found = int(m.group(1))
+    if found is None:
+        blocks = [b for b in (_block_of(i, memo) for i in node.all_input_nodes) if b is not None]
+        found = max(blocks) if blocks else None
+    memo[node] = found
+    return found
+
+
+def _predicted(gm: fx.GraphModule, persistent: set, preexisting: set) -> float:
+    """Simulated peak of `gm` minus the bytes of the inputs in `preexisting` (alive before the
+    step)."""
+    from deepcompile_remat import _C
+    from deepcompile_remat.zero3.schedule import memory_arrays
+
+    nodes, nbytes, alias_of, is_input, pers, keep, tails, heads = memory_arrays(gm, persistent)
+    order = np.asarray([i for i in range(len(nodes)) if not is_input[i]], dtype=np.int64)
+    peak, _, _ = _C.simulate_memory(nbytes, alias_of, is_input, pers, keep, tails, heads, order)
+    before = sum(nbytes[i] for i, n in enumerate(nodes)
+                 if is_input[i] and alias_of[i] < 0 and n.name in preexisting)
+    return float(peak - before)
+
+
+def _async_gathers(gm: fx.GraphModule) -> tuple[float, int]:
+    received = calls = 0
+    op = torch.ops._c10d_functional.all_gather_into_tensor.default
+    for n in gm.graph.find_nodes(op="call_function", target=op):
+        full, world = n.meta["val"], int(n.args[1])
+        received += full.numel() * full.element_size() * (world - 1) // world
+        calls += 1
+    return float(received), calls
+
+
+def analyze(fw: fx.GraphModule, bw: fx.GraphModule,
+            example_inputs: Sequence[Any]) -> PartitionStats:
+    params = parameter_names(fw, example_inputs)
+    fw_nodes = {n.name: n for n in fw.graph.nodes}
+    weights = _weight_derived(fw, params)
+    stats = PartitionStats()
+    memo: dict = {}
+    roots = {}
+    for p in bw.graph.find_nodes(op="placeholder"):
+        if "tangents" in p.name or p.name in params:
+            continue
+        if not isinstance(p.meta.get("val"), torch.Tensor):
+            continue
+        stats.saved_values += 1
+        node = fw_nodes.get(p.name)
+        root = _storage_root(node) if node is not None else p
+        roots.setdefault(root, p)
+    for root in roots:
+        nbytes = _value_bytes(root)
+        if root.op == "placeholder" and root.name in params:
+            continue  # a view of a shard: the shard lives anyway
+        stats.saved_bytes += nbytes
+        if root in weights:
+            stats.saved_weight_bytes += nbytes
+        else:
+            stats.saved_activation_bytes += nbytes
+            block = _block_of(root, memo)
+            if block is not None:
+                stats.activation_bytes_per_block[block] = (
+                    stats.activation_bytes_per_block.get(block, 0.0) + nbytes)
+    fw_inputs = {n.name for n in fw.graph.find_nodes(op="placeholder")}
+    stats.predicted_fw_bytes = _predicted(fw, params, fw_inputs)
+    stats.predicted_bw_bytes = _predicted(bw, params, params)
+    for gm in (fw, bw):
+        b, c = _async_gathers(gm)
+        stats.async_gather_bytes += b
+        stats.async_gather_calls += c
+    return stats
+
+
+class PartitionRecorder:
+    """An on_partition observer: analyzes every partition it sees, in order."""
+
+    def __init__(self) -> None:
+        self.partitions: list[PartitionStats] = []
+
+    def __call__(self, fw, bw, example_inputs) -> None:
+        self.partitions.append(analyze(fw, bw, example_inputs))
+
+    def stats(self) -> PartitionStats:
+        return combine(self.partitions)

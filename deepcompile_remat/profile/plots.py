@@ -1,0 +1,120 @@
+"""PNGs (matplotlib, Agg): memory over one step per setup, with the forward/backward boundary
+marked, one panel per backend x precision; and a bar chart of the peaks (forward and backward
+peaks side by side, overall = the taller)."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from deepcompile_remat.profile.setups import SETUPS
+
+COLORS = {"baseline": "#d62728", "marking": "#1f77b4", "ours": "#2ca02c"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _panels(rows: list, rank: int = 0) -> dict:
+    panels: dict = {}
+    for r in rows:
+        if r["rank"] != rank:
+            continue
+        key = (r["world"], r["emulated"], r["backend"], r["precision"])
+        panels.setdefault(key, {})[r["setup"]] = r
+    return panels
+
+
+def _title(key, several: bool) -> str:
+    world, emulated, backend, precision = key
+    t = f"{backend} + {precision}"
+    if several:
+        t += f" (world {world}{', emulated' if emulated else ''})"
+    return t
+
+
+def timelines(rows: list, path: str, title: str = "", rank: int = 0) -> Optional[str]:
+    panels = _panels(rows, rank)
+    if not panels:
+        return None
+    plt = _plt()
+    n = len(panels)
+    cols = min(2, n)
+    nrows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(7 * cols, 3.6 * nrows), squeeze=False)
+    several = len({k[:2] for k in panels}) > 1
+    biggest = max(max(r["timeline"]["bytes"] or [0]) for p in panels.values() for r in p.values())
+    scale, unit = (2**30, "GB") if biggest >= 4 * 2**30 else (2**20, "MB")
+    for ax, (key, by_setup) in zip(axes.flat, panels.items()):
+        for setup in SETUPS:
+            r = by_setup.get(setup)
+            if r is None:
+                continue
+            tl = r["timeline"]
+            ax.plot(tl["t_ms"], [b / scale for b in tl["bytes"]], color=COLORS[setup], lw=1.2,
+                    label=f"{setup} (peak {r['peak_bytes'] / scale:.1f})", drawstyle="steps-post")
+            ax.axvline(tl["fw_end_ms"], color=COLORS[setup], ls="--", lw=0.8)
+        ax.set_title(_title(key, several), fontsize=10)
+        ax.set_xlabel("time since step start (ms); dashed: forward ends")
+        ax.set_ylabel(f"{unit} above step start")
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(plt, fig, path)
+
+
+def peaks(folded: dict, path: str, title: str = "") -> Optional[str]:
+    if not folded:
+        return None
+    plt = _plt()
+    import numpy as np
+
+    groups = []
+    for key in folded:
+        if key[:4] not in groups:
+            groups.append(key[:4])
+    several = len({g[:2] for g in groups}) > 1
+    biggest = max(c["peak_bytes"] for c in folded.values())
+    scale, unit = (2**30, "GB") if biggest >= 4 * 2**30 else (2**20, "MB")
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4))
+    width = 0.8 / len(SETUPS)
+    x = np.arange(len(groups))
+    for i, setup in enumerate(SETUPS):
+        fw = [folded.get((*g, setup), {}).get("fw_peak_bytes", 0) / scale for g in groups]
+        bw = [folded.get((*g, setup), {}).get("bw_peak_bytes", 0) / scale for g in groups]
+        pos = x - 0.4 + width * (i + 0.5)
+        ax.bar(pos - width / 4, fw, width / 2, color=COLORS[setup], alpha=0.45,
+               label=f"{setup}: forward")
+        ax.bar(pos + width / 4, bw, width / 2, color=COLORS[setup], label=f"{setup}: backward")
+        for p, f, b in zip(pos, fw, bw):
+            ax.text(p, max(f, b), f"{max(f, b):.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, [_title(g, several) for g in groups], fontsize=8)
+    ax.set_ylabel(f"peak {unit} per rank above step start")
+    ax.set_ylim(0, 1.35 * biggest / scale)  # room for the legend above the bars
+    ax.legend(fontsize=7, ncol=3, loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: str) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_all(rows: list, folded: dict, out_dir: str, title: str = "") -> list:
+    made = [timelines(rows, os.path.join(out_dir, "memory_timeline.png"),
+                      (title + "; " if title else "") + "rank 0"),
+            peaks(folded, os.path.join(out_dir, "peaks.png"), title)]
+    return [p for p in made if p]

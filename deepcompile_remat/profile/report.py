@@ -1,0 +1,226 @@
+"""The results: the table in DeepSpeed PR #7609's layout (base vs ours, time and memory, delta),
+a detail table per cell, a footer (definitions, the activation formula of Korthikanti et al.
+beside the baseline's measured saved activations), results.json and results.csv.
+
+Per-rank figures are folded into one per cell: memory is the largest over ranks (the rank that
+runs out first), time the slowest rank's median. results.json keeps every rank.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from typing import Iterable, Optional
+
+from deepcompile_remat.profile.setups import PRECISION_HELP, SETUP_HELP, SETUPS
+
+STEP_DEFINITION = (
+    "step = forward (compiled model + fp32 cross-entropy) + backward (compiled backward, "
+    "gradient shards reduce-scattered into .grad) + grads released (set to None); no optimizer. "
+    "Peaks are above the allocator's total at the step's start (sharded model and inputs "
+    "allocated), from the profiled steps after the timed ones (each rank: the step with the "
+    "smallest peak); time is the median of the timed steps after warm-up.")
+
+
+def korthikanti_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int,
+                                dropout: bool = False) -> float:
+    """Activation bytes one transformer layer keeps for the backward with 16-bit activations
+    (Korthikanti et al. 2022, seed 003): attention 11sbh + 5as^2b, MLP 19sbh, two layer norms
+    4sbh, i.e. sbh(34 + 5as/h). Without dropout the three masks go (sbh + sbh + as^2b) and
+    attention-over-values reads the softmax output that the softmax backward keeps anyway
+    (2as^2b fewer): sbh(32 + 2as/h)."""
+    s, b, h, a = seq, batch, hidden, heads
+    if dropout:
+        return s * b * h * (34 + 5 * a * s / h)
+    return s * b * h * (32 + 2 * a * s / h)
+
+
+def fold(rows: Iterable[dict]) -> dict:
+    """(world, emulated, backend, precision, setup) -> the cell's figures over its ranks."""
+    cells: dict = {}
+    for r in rows:
+        key = (r["world"], r["emulated"], r["backend"], r["precision"], r["setup"])
+        cells.setdefault(key, []).append(r)
+    out = {}
+    for key, rs in cells.items():
+        peak = [r["peak_bytes"] for r in rs]
+        out[key] = {
+            "ranks": len(rs),
+            "peak_bytes": max(peak), "peak_spread_bytes": max(peak) - min(peak),
+            "fw_peak_bytes": max(r["fw_peak_bytes"] for r in rs),
+            "bw_peak_bytes": max(r["bw_peak_bytes"] for r in rs),
+            "boundary_bytes": max(r["boundary_bytes"] for r in rs),
+            "step_s": max(r["step_s"] for r in rs),
+            "compile_s": max(r["compile_s"] for r in rs),
+            "predicted_peak_bytes": max(r["predicted_peak_bytes"] for r in rs),
+            "saved_bytes": max(r["saved_bytes"] for r in rs),
+            "saved_weight_bytes": max(r["saved_weight_bytes"] for r in rs),
+            "saved_activation_bytes": max(r["saved_activation_bytes"] for r in rs),
+            "activation_bytes_per_block": _mean_per_block(rs[0]),
+            "gathered_bytes": max(r["gathered_bytes"] for r in rs),
+            "exact_counter": all(r.get("exact_counter", True) for r in rs),
+            "device": rs[0]["device"],
+        }
+    return out
+
+
+def _mean_per_block(row: dict) -> float:
+    per = row.get("activation_bytes_per_block") or {}
+    return sum(per.values()) / len(per) if per else float("nan")
+
+
+def _unit(values: Iterable[float]) -> tuple[float, str]:
+    biggest = max([abs(v) for v in values if not math.isnan(v)] or [0.0])
+    return (2**30, "GB") if biggest >= 4 * 2**30 else (2**20, "MB")
+
+
+def _delta(new: float, old: float) -> str:
+    if not old or math.isnan(old) or math.isnan(new):
+        return "n/a"
+    return f"{100.0 * (new - old) / old:+.1f}%"
+
+
+def _groups(folded: dict) -> list:
+    seen = []
+    for (world, emulated, backend, precision, _setup) in folded:
+        g = (world, emulated, backend, precision)
+        if g not in seen:
+            seen.append(g)
+    return seen
+
+
+def main_table(folded: dict) -> str:
+    """#7609's layout: per backend+precision, base vs ours, time and memory, with deltas."""
+    scale, unit = _unit(c["peak_bytes"] for c in folded.values())
+    setups = [s for s in SETUPS if any(k[4] == s for k in folded)]
+    head_t = " ".join(f"{s:>8}" for s in setups)
+    head_m = " ".join(f"{s:>8}" for s in setups)
+    width = 9 * len(setups) + 8
+    memory_title = f"peak memory per rank ({unit})"
+    lines = [f"{'':<24} {'step time (s)':^{width}}   {memory_title:^{width}}",
+             f"{'config':<24} {head_t} {'delta':>7}   {head_m} {'delta':>7}"]
+    for world, emulated, backend, precision in _groups(folded):
+        get = {s: folded.get((world, emulated, backend, precision, s)) for s in setups}
+        times = " ".join(f"{get[s]['step_s']:>8.3f}" if get[s] and not math.isnan(get[s]["step_s"])
+                         else f"{'-':>8}" for s in setups)
+        mems = " ".join(f"{get[s]['peak_bytes'] / scale:>8.2f}" if get[s] else f"{'-':>8}"
+                        for s in setups)
+        base, ours = get.get("baseline"), get.get("ours")
+        dt = _delta(ours["step_s"], base["step_s"]) if base and ours else "n/a"
+        dm = _delta(ours["peak_bytes"], base["peak_bytes"]) if base and ours else "n/a"
+        name = f"{backend}+{precision}" + (f" (w{world}{', emulated' if emulated else ''})"
+                                          if _several_worlds(folded) else "")
+        lines.append(f"{name:<24} {times} {dt:>7}   {mems} {dm:>7}")
+    return "\n".join(lines)
+
+
+def _several_worlds(folded: dict) -> bool:
+    return len({(k[0], k[1]) for k in folded}) > 1
+
+
+def detail_table(folded: dict) -> str:
+    scale, unit = _unit(c["peak_bytes"] for c in folded.values())
+    cols = (f"{'cell':<34} {'peak':>8} {'fw peak':>8} {'bw peak':>8} {'fw end':>8} "
+            f"{'predict':>8} {'saved':>8} {'weights':>8} {'gathered':>9} {'compile s':>9}")
+    lines = [f"per cell, {unit}, max over ranks. fw end: alive when the forward ends; predict: "
+             "memory simulator on the partitioned FX graphs; saved: fw->bw bytes the partition "
+             "chose, weights: of which gathered weights; gathered: allgather bytes received "
+             "per step", cols]
+    for (world, emulated, backend, precision, setup), c in folded.items():
+        name = f"{backend}/{precision}/{setup}" + (f" w{world}{'e' if emulated else ''}"
+                                                   if _several_worlds(folded) else "")
+        spread = "*" if c["peak_spread_bytes"] > 0.02 * max(c["peak_bytes"], 1.0) else " "
+        lines.append(
+            f"{name:<34} {c['peak_bytes'] / scale:>7.2f}{spread} "
+            f"{c['fw_peak_bytes'] / scale:>8.2f} "
+            f"{c['bw_peak_bytes'] / scale:>8.2f} {c['boundary_bytes'] / scale:>8.2f} "
+            f"{c['predicted_peak_bytes'] / scale:>8.2f} "
+            f"{c['saved_bytes'] / scale:>8.2f} {c['saved_weight_bytes'] / scale:>8.2f} "
+            f"{c['gathered_bytes'] / scale:>9.2f} {c['compile_s']:>9.1f}")
+    if any(c["peak_spread_bytes"] > 0.02 * max(c["peak_bytes"], 1.0) for c in folded.values()):
+        lines.append("* ranks differ by more than 2% (results.json has each rank)")
+    return "\n".join(lines)
+
+
+def footer(folded: dict, meta: dict) -> str:
+    size = meta["size"]
+    s, b, h, a = size["seq"], size["batch"], size["hidden"], size["heads"]
+    formula = korthikanti_bytes_per_layer(s, b, h, a)
+    scale, unit = (2**20, "MB") if formula < 2**30 else (2**30, "GB")
+    lines = [
+        STEP_DEFINITION,
+        "setups: " + "; ".join(f"{k} = {v}" for k, v in SETUP_HELP.items()) + ".",
+        "precisions: " + "; ".join(f"{k} = {v}" for k, v in PRECISION_HELP.items()) + ".",
+        f"Activations per layer, Korthikanti et al. (seed 003), no dropout, 16-bit: "
+        f"sbh(32 + 2as/h) = {formula / scale:.3f} {unit} (s={s}, b={b}, h={h}, a={a}); "
+        "with dropout sbh(34 + 5as/h) = "
+        f"{korthikanti_bytes_per_layer(s, b, h, a, dropout=True) / scale:.3f} {unit}.",
+    ]
+    measured = [(k, c) for k, c in folded.items() if k[4] == "baseline"]
+    if measured:
+        parts = [f"{k[2]}+{k[3]} {c['activation_bytes_per_block'] / scale:.3f}"
+                 for k, c in measured if not math.isnan(c["activation_bytes_per_block"])]
+        lines.append("Baseline's measured saved activation bytes per block (" + unit + "): "
+                     + ", ".join(parts) + ". Under autocast the residual stream and layer-norm "
+                     "inputs stay fp32; the partitioners recompute cheap pointwise ops.")
+    if any(k[1] for k in folded):
+        lines.append("emulated: torch's fake process group in one process: per-rank memory "
+                     "exact, collectives skipped (gathered weights hold no data), so it is not "
+                     "timed.")
+    if meta.get("device") == "cpu" and not all(c["exact_counter"] for c in folded.values()):
+        lines.append("WARNING: the CPU allocator counted only the profiled threads (c10's "
+                     "report_cpu_memory_usage flag could not be set): peaks may drift by the "
+                     "size of tensors gloo's threads released.")
+    return "\n".join(lines)
+
+
+def header(meta: dict) -> str:
+    where = (f"{meta['world']} {meta['device'].upper()} ranks ({meta['dist_backend']})"
+             if not meta.get("emulated_world") or meta.get("world") else "")
+    emu = (f"emulated world {meta['emulated_world']} (fake process group)"
+           if meta.get("emulated_world") else "")
+    timed = (f"warm-up {meta['warmup']}, timed steps {meta['steps']}, " if meta.get("world")
+             else "not timed, ")
+    return (f"{meta['model']}; " + ", ".join(x for x in (where, emu) if x)
+            + f"; torch {meta['torch']}; {timed}profiled steps {meta.get('profiled_steps', 1)}")
+
+
+def render(rows: list, meta: dict) -> str:
+    folded = fold(rows)
+    return "\n\n".join([header(meta), main_table(folded), detail_table(folded),
+                        footer(folded, meta)])
+
+
+CSV_EXCLUDE = ("timeline", "step_times_s", "activation_bytes_per_block", "peak_bytes_each_step")
+
+
+def write_json(path: str, rows: list, meta: dict) -> None:
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def write_csv(path: str, rows: list) -> None:
+    if not rows:
+        return
+    keys = [k for k in rows[0] if k not in CSV_EXCLUDE] + ["activation_bytes_per_block_mean"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**{k: r.get(k) for k in keys},
+                        "activation_bytes_per_block_mean": _mean_per_block(r)})
+
+
+def load(path: str) -> tuple[list, dict]:
+    with open(path) as f:
+        data = json.load(f)
+    return data["rows"], data["meta"]
+
+
+def cell(folded: dict, backend: str, precision: str, setup: str,
+         world: Optional[int] = None) -> dict:
+    """The folded figures of one cell (the first world that has it, unless given)."""
+    for key, c in folded.items():
+        if key[2:] == (backend, precision, setup) and (world is None or key[0] == world):
+            return c
+    raise KeyError((backend, precision, setup, world))

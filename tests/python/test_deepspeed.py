@@ -1,0 +1,371 @@
+"""deepcompile_remat.deepspeed.initialize against stock DeepSpeed ZeRO-3, on 2 CPU ranks (gloo).
+
+Every comparison trains the same GPT from the same seed twice in each rank process: stock
+ZeRO-3 (the block disabled: plain deepspeed.initialize) and the flag on (our takeover), through
+the unchanged engine API (engine(x), engine.backward, engine.step, save/load_checkpoint).
+"""
+import json
+import os
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+pytest.importorskip("deepspeed",
+                    reason="deepspeed is not installed (scripts/install.sh installs it)")
+
+import deepcompile_remat as dcr  # noqa: E402
+from deepcompile_remat import zero3  # noqa: E402
+from deepcompile_remat.bench.models import GPT  # noqa: E402
+from dist_utils import run_ranks  # noqa: E402
+from graph_checks import capture_partitions, parameter_copies_saved  # noqa: E402
+
+STEPS = 5
+MICRO_BATCH, SEQ = 2, 16
+
+
+def _rank_env(rank, world):
+    os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+
+
+def _config(precision, on, kind="eager", **extra):
+    cfg = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": 1,
+           # Gradient norms here run 0.3 -> 0.65: the first steps are not clipped (a gradient of
+           # the wrong scale changes them), the last ones are (DeepSpeed's clipping reads the
+           # norm from the partitions we fill).
+           "gradient_clipping": 0.4, "steps_per_print": 10 ** 6,
+           "zero_allow_untested_optimizer": True,
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    else:
+        cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    cfg["deepcompile_remat"] = {"enabled": on, "backend": kind}
+    cfg.update(extra)
+    return cfg
+
+
+def _engine(config, seed=0):
+    from deepcompile_remat.deepspeed import initialize
+
+    torch.manual_seed(seed)
+    model = GPT(layers=2)
+    # SGD, not Adam: its step is proportional to the gradient, so a gradient averaged twice (or
+    # summed, not averaged) changes the weights; Adam would normalise the error away.
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    engine, *_ = initialize(model=model, optimizer=opt, config=config)
+    return engine
+
+
+def _batch(micro_step, rank):
+    g = torch.Generator().manual_seed(1000 * micro_step + rank)
+    return torch.randint(0, 64, (MICRO_BATCH, SEQ), generator=g)
+
+
+def _train(engine, rank, micro_steps, norms=None):
+    losses = []
+    for i in micro_steps:
+        loss = engine(_batch(i, rank).to(engine.device)).float().logsumexp(-1).mean()
+        engine.backward(loss)
+        boundary = engine.is_gradient_accumulation_boundary()
+        engine.step()
+        losses.append(loss.detach().clone())
+        if norms is not None and boundary:
+            norms.append(float(engine.get_global_grad_norm()))
+    return torch.stack(losses)
+
+
+def _full_params(engine):
+    """The fp32 master weights, gathered (every rank calls it)."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    return {n: safe_get_full_fp32_param(p).clone() for n, p in engine.module.named_parameters()}
+
+
+def _assert_deepspeed_never_gathered(engine):
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    for name, p in engine.module.named_parameters():
+        assert p.ds_status == ZeroParamStatus.NOT_AVAILABLE and p.data.numel() == 0, \
+            f"{name}: DeepSpeed gathered it ({p.ds_status}, {p.data.numel()} elements)"
+
+
+def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
+    _rank_env(rank, world)
+    extra = {"gradient_accumulation_steps": gas, "zero_optimization": {
+        "stage": 3, "stage3_param_persistence_threshold": persistence_threshold}}
+    micro_steps = range(STEPS * gas)
+    stock = _engine(_config(precision, False, **extra))
+    assert getattr(stock, "dcr_takeover", None) is None
+    ref_norms, norms = [], []
+    ref_losses = _train(stock, rank, micro_steps, ref_norms)
+    ref = _full_params(stock)
+
+    ours = _engine(_config(precision, True, kind, **extra))
+    assert ours.dcr_takeover is not None
+    # The shards are DeepSpeed's ds_tensor in the dtype it keeps them: bf16 under "bf16", fp32
+    # (its fp32 master, aliased) under "torch_autocast".
+    kept = torch.bfloat16 if precision == "bf16" else torch.float32
+    assert {leaf.dtype for _, leaf in ours.dcr_takeover.leaves} == {kept}
+    initial = _full_params(ours)
+    zero3.CommStats.reset()
+    with capture_partitions() as graphs:
+        losses = _train(ours, rank, micro_steps, norms)
+    assert zero3.CommStats.allgather_calls > 0 and zero3.CommStats.reduce_scatter_bytes > 0
+    _assert_deepspeed_never_gathered(ours)
+    full = _full_params(ours)
+
+    # Measured here: losses within 2.2e-4, fp32 master weights within 6.5e-4 after 5 steps
+    # that move them by ~0.2 (bf16 forward/backward in another op order: compiled vs eager).
+    torch.testing.assert_close(losses, ref_losses, rtol=0, atol=1e-3)
+    assert len(norms) == STEPS and min(ref_norms) < 0.4 < max(ref_norms), ref_norms
+    torch.testing.assert_close(torch.tensor(norms), torch.tensor(ref_norms), rtol=1e-2, atol=0)
+    moved = 0.0
+    for name, want in ref.items():
+        torch.testing.assert_close(full[name], want, rtol=0, atol=2e-3,
+                                   msg=lambda m: f"{name}: {m}")
+        moved = max(moved, (full[name] - initial[name]).abs().max().item())
+    assert moved > 0.05, "parameters barely moved: the comparison would pass vacuously"
+
+    # No gathered (or cast) weight is saved for the backward: our reports, and an independent
+    # walk of the saved values.
+    reports = dcr.reports()
+    # One graph: DeepSpeed's (compiler-disabled) module hooks, left in place, would break it at
+    # every submodule.
+    assert len(reports) == 1 and len(graphs) == 1, f"{len(reports)} graphs"
+    for rep in reports:
+        saved = {v.name for v in rep.saved}
+        assert rep.parameter_aliases and not saved & set(rep.parameter_aliases)
+        for v in rep.saved:
+            if v.parameter:  # parameters reach the backward as 1-D shards
+                assert len(v.shape) == 1, v
+    for fw, bw, _ in graphs:
+        assert parameter_copies_saved(fw, bw) == []
+    if precision == "autocast":  # fp32 shards used in bf16 are gathered in bf16
+        gathers = [c for c in reports[0].collectives if ":dcr::allgather_cast" in c]
+        assert any(":bfloat16:" in c for c in gathers), gathers
+
+
+@pytest.mark.parametrize("precision,kind", [("bf16", "eager"), ("autocast", "inductor")])
+def test_flag_on_matches_stock_zero3(precision, kind):
+    """Silent bugs guarded: gradients that never reach DeepSpeed's partitions (the optimizer
+    steps on zeros), are averaged twice or not at all, or land in the wrong slot; DeepSpeed
+    still gathering behind our back; a gathered weight saved for the backward."""
+    run_ranks(_compare, 2, precision, kind, 1)
+
+
+def test_gradient_accumulation_and_persistent_parameters_match_stock_zero3():
+    """Silent bugs guarded: every micro-batch overwriting the gradient partition instead of
+    adding to it (or adding onto the last step's), so only one micro-batch of two is learned
+    from; and, with DeepSpeed's default persistence threshold (every parameter of this tiny
+    model persistent, i.e. kept gathered), parameters left gathered next to our shards."""
+    run_ranks(_compare, 2, "bf16", "eager", 2, 10 ** 5)
+
+
+def _checkpoint_round_trip(rank, world, path):
+    _rank_env(rank, world)
+    cfg = _config("bf16", True)
+    engine = _engine(cfg)
+    _train(engine, rank, range(3))
+    engine.save_checkpoint(path, tag="step3")
+    continued = _train(engine, rank, range(3, 6))
+
+    resumed = _engine(cfg, seed=1)  # other initial weights: only the checkpoint can fix them
+    fresh = _train(_engine(cfg, seed=1), rank, range(3, 4))
+    load_path, _ = resumed.load_checkpoint(path, tag="step3")
+    assert load_path is not None
+    after_load = _train(resumed, rank, range(3, 6))
+    assert not torch.equal(fresh[0], continued[0])
+    torch.testing.assert_close(after_load, continued, rtol=0, atol=0)
+
+
+def test_checkpoint_round_trip_resumes_with_the_same_losses(tmp_path):
+    """Silent bug guarded: a load that restores DeepSpeed's partitions while our shard leaves
+    keep pointing at the old storage (training resumes from the pre-load weights), or optimizer
+    state that does not round-trip."""
+    run_ranks(_checkpoint_round_trip, 2, str(tmp_path))
+
+
+# --- bad configs ------------------------------------------------------------------------------
+
+def test_unknown_key_lists_the_valid_keys():
+    """Silent bug guarded: a misspelt key (or a backend typo) ignored, so the run is not what the
+    config says."""
+    from deepcompile_remat.deepspeed import initialize, valid_keys
+
+    cfg = _config("bf16", True)
+    cfg["deepcompile_remat"]["polcy"] = "aggressive"
+    with pytest.raises(ValueError, match=r"deepcompile_remat: unknown key 'polcy'; valid keys: "
+                                         r"\[.*'backend'.*'policy'.*\]"):
+        initialize(model=GPT(), config=cfg)
+    assert "backend" in valid_keys() and "policy" in valid_keys()
+    cfg = _config("bf16", True, "tensorrt")
+    with pytest.raises(ValueError, match=r"backend must be one of \['eager', 'inductor'\], got "
+                                         r"'tensorrt'"):
+        initialize(model=GPT(), config=cfg)
+    cfg = _config("bf16", False)  # disabled blocks are validated too
+    cfg["deepcompile_remat"]["bakend"] = "eager"
+    with pytest.raises(ValueError, match="unknown key 'bakend'"):
+        initialize(model=GPT(), config=cfg)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_stage_1_or_2_with_the_block_is_an_error(stage):
+    """Silent bug guarded: the flag accepted on a ZeRO-1/2 engine and doing nothing."""
+    from deepcompile_remat.deepspeed import initialize
+
+    cfg = _config("bf16", True, zero_optimization={"stage": stage})
+    with pytest.raises(ValueError, match=rf"zero_optimization.stage is {stage}: deepcompile_remat "
+                                         r"takes over ZeRO stage 3 only"):
+        initialize(model=GPT(), config=cfg)
+
+
+def test_config_from_a_file_in_args_or_config_params(tmp_path):
+    """Silent bug guarded: the block read only from `config=`, so a config given the other ways
+    deepspeed.initialize accepts (args.deepspeed_config, config_params) skips our checks."""
+    import argparse
+
+    from deepcompile_remat.deepspeed import initialize
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(_config("bf16", True, zero_optimization={"stage": 2})))
+    for kwargs in ({"args": argparse.Namespace(deepspeed_config=str(path))},
+                   {"config_params": str(path)}):
+        with pytest.raises(ValueError, match=rf"{path}: \"deepcompile_remat\" is enabled but "
+                                             r"zero_optimization.stage is 2"):
+            initialize(model=GPT(), **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_deepcompile_without_cuda_is_an_error():
+    from deepcompile_remat.deepspeed import initialize
+
+    cfg = _config("bf16", True, compile={"deepcompile": True})
+    with pytest.raises(ValueError, match="compile.deepcompile is true, but DeepCompile needs CUDA"):
+        initialize(model=GPT(), config=cfg)
+
+
+def _disabled_and_unsupported(rank, world):
+    _rank_env(rank, world)
+    import deepcompile_remat.deepspeed as dcr_ds
+
+    # Disabled: plain deepspeed.initialize, DeepSpeed's hooks in place, nothing compiled.
+    engine = _engine(_config("bf16", False))
+    assert getattr(engine, "dcr_takeover", None) is None
+    assert engine.optimizer._grad_acc_hooks  # DeepSpeed's reduce hooks (read from 0.19.8)
+    assert "forward" not in vars(engine.module)
+    _train(engine, rank, range(1))
+    assert dcr.reports() == []
+
+    # Enabled on what the takeover does not implement: refused, naming it.
+    cfg = _config("bf16", True, zero_force_ds_cpu_optimizer=False, zero_optimization={
+        "stage": 3, "stage3_param_persistence_threshold": 0,
+        "offload_optimizer": {"device": "cpu"}})
+    with pytest.raises(ValueError, match=r"cannot take over this DeepSpeed engine: "
+                                         r"zero_optimization.offload_optimizer"):
+        model = GPT()
+        dcr_ds.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=cfg)
+
+
+def test_disabled_block_is_plain_deepspeed_and_unsupported_features_are_refused():
+    """Silent bugs guarded: a disabled block that still takes over (or compiles) the engine;
+    an offloading engine taken over with its gradients going nowhere."""
+    run_ranks(_disabled_and_unsupported, 2)
+
+
+# --- DeepCompile (GPU only) ---------------------------------------------------------------------
+
+def test_deepcompile_backend_partitions_with_ours_while_it_compiles():
+    """Silent bug guarded: our partitioner installed for DeepCompile but never the one its
+    backend calls (eager: deepspeed.compile.backend's module-global min-cut; inductor:
+    custom_partitioner_fn), or left installed for every later compilation in the process.
+    Mechanism only, on CPU: DeepCompile itself needs CUDA (see the GPU test below)."""
+    import torch._inductor.config as inductor_config
+
+    from deepcompile_remat.backends import RematPartitioner
+    from deepcompile_remat.deepspeed import _ds_internals, deepcompile
+
+    dc_backend = _ds_internals.deepcompile_backend_module()
+    stock_partition = dc_backend.min_cut_rematerialization_partition
+    seen = {}
+
+    def deepcompile_backend_fn(gm, example_inputs):
+        seen["eager"] = dc_backend.min_cut_rematerialization_partition
+        seen["inductor"] = inductor_config.custom_partitioner_fn
+        return gm
+
+    param = torch.nn.Parameter(torch.zeros(4))
+    param.ds_id = 7
+    wrapped = deepcompile.wrap_backend(deepcompile_backend_fn, dcr.RematConfig())
+    wrapped("gm", [torch.zeros(2), param])
+    assert seen["eager"] is not stock_partition and callable(seen["eager"])
+    assert isinstance(seen["inductor"], RematPartitioner)
+    assert seen["inductor"].parameter_indices == (1,)
+    assert dc_backend.min_cut_rematerialization_partition is stock_partition
+    assert inductor_config.custom_partitioner_fn is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="DeepCompile (compile.deepcompile) runs on CUDA only; no GPU here")
+def test_deepcompile_on_gpu_uses_our_partitioner():
+    """Silent bug guarded: with DeepCompile on, DeepSpeed's partitioner still decides (our
+    reports stay empty), or ours changes what is computed. Its own process: this module pins
+    DS_ACCELERATOR=cpu for the CPU tests, and DeepCompile needs the CUDA accelerator and NCCL."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    env = dict(os.environ, DS_ACCELERATOR="cuda",
+               PYTHONPATH=os.pathsep.join([repo, here, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", "import test_deepspeed; "
+                          "test_deepspeed._deepcompile_gpu_main()"],
+                         cwd=here, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-6000:]
+
+
+def _deepcompile_gpu_main():
+    """Stock DeepCompile vs DeepCompile with our partitioner, one GPU, 3 steps."""
+    from deepcompile_remat.bench.ports import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
+                      LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    torch.cuda.set_device(0)
+    losses = {}
+    for on in (False, True):
+        torch._dynamo.reset()
+        dcr.clear_reports()
+        engine = _engine(_config("bf16", on, "inductor", compile={"deepcompile": True}))
+        if not on:
+            engine.compile(backend="inductor")  # stock DeepCompile
+        losses[on] = _train(engine, 0, range(3))
+        ran = bool(dcr.reports())
+        assert ran == on, f"our partitioner ran: {ran}, expected {on}"
+    assert torch.isfinite(losses[True]).all()
+    torch.testing.assert_close(losses[True], losses[False], rtol=0, atol=1e-2)
+
+
+# --- benchmark smoke ----------------------------------------------------------------------------
+
+def test_bench_deepspeed_smoke(capsys):
+    """Silent bug guarded: the benchmark comparing a setup with itself (the flag never reaching
+    the engine) or printing rows for ranks that measured nothing."""
+    from deepcompile_remat import cli
+
+    assert cli.main(["bench-deepspeed", "--layers", "1", "--hidden", "32", "--heads", "4",
+                     "--vocab", "64", "--seq", "16", "--batch", "2", "--steps", "1",
+                     "--backend", "eager", "--json"]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out[out.index("["):])
+    assert sorted((r["setup"], r["rank"]) for r in rows) == [
+        ("ours", 0), ("ours", 1), ("stock", 0), ("stock", 1)]
+    for r in rows:
+        assert r["peak_mb"] > 0 and r["fwd_bwd_peak_mb"] > 0 and r["step_ms"] > 0
+        assert r["malloc_peak_mb"] > 0 and r["malloc_fwd_bwd_peak_mb"] > 0
+        assert r["taken_over"] == (r["setup"] == "ours"), r
+    by = {(r["setup"], r["rank"]): r for r in rows}
+    for rank in (0, 1):  # same model, data and config: the same first losses
+        assert abs(by["ours", rank]["loss"] - by["stock", rank]["loss"]) < 1e-2
