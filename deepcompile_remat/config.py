@@ -44,8 +44,9 @@ class RematConfig:
     """Issue a gather the schedule moved ahead of its use as an async start/wait pair (torch's
     functional collectives) so communication overlaps compute. "auto": only where the
     collective runs on its own stream (NCCL); gloo on CPU shares the cores it would overlap
-    with and, under concurrent collectives, has crashed in its worker threads (torch 2.13).
-    "on" / "off": always / never."""
+    with. "on" / "off": always / never. Over gloo at most one gather is in flight at a time:
+    torch 2.13's functional collectives on gloo corrupt the heap with two or more
+    outstanding (scripts/repro_gloo_functional_collectives.py)."""
     cse: bool = True
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = 1000

@@ -87,14 +87,18 @@ def schedule_gathers(gm: fx.GraphModule, *, persistent_names: Iterable[str] = ()
         anchor.append(node)
         anchor = node
     buckets = _bucket(gm, nodes, s["bucket_of"])
-    prefetched = _split_prefetched(gm) if _use_async(gm, async_gathers) else 0
+    backends = _gather_backends(gm)
+    prefetched, in_flight = 0, 0
+    if _use_async(backends, async_gathers):
+        prefetched = _split_prefetched(gm)
+        in_flight = limit_in_flight(gm, _in_flight_limit(backends))
     gm.graph.lint()
     gm.recompile()
     return {"gathers": int(is_gather.sum()), "prefetch_distance": int(s["prefetch_distance"]),
             "peak_bytes": float(s["peak_bytes"]),
             "peak_bytes_no_prefetch": float(s["peak_bytes_no_prefetch"]),
             "peak_bytes_input_order": float(s["peak_bytes_input_order"]),
-            "buckets": buckets, "async_prefetched": prefetched}
+            "buckets": buckets, "async_prefetched": prefetched, "max_in_flight": in_flight}
 
 
 def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
@@ -131,20 +135,32 @@ def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
     return made
 
 
-def _use_async(gm: fx.GraphModule, async_gathers: str) -> bool:
-    """"auto": async start/wait only when every gather's group runs NCCL (see RematConfig)."""
-    if async_gathers != "auto":
-        return async_gathers == "on"
+def _gather_backends(gm: fx.GraphModule) -> set:
+    """The process-group backends ("nccl", "gloo", ...) the graph's gathers run on."""
     import torch.distributed as dist
 
     from deepcompile_remat.zero3.ops import resolve_group
 
     names = {n.args[2] for n in gm.graph.nodes if is_allgather_cast(n)}
     try:
-        return bool(names) and all(dist.get_backend(resolve_group(name)) == "nccl"
-                                   for name in names)
-    except (RuntimeError, ValueError):  # no such group in this process: stay synchronous
-        return False
+        return {dist.get_backend(resolve_group(name)) for name in names}
+    except (RuntimeError, ValueError):  # no such group in this process
+        return {"unknown"}
+
+
+def _use_async(backends: set, async_gathers: str) -> bool:
+    """"auto": async start/wait only when every gather's group runs NCCL (see RematConfig)."""
+    if async_gathers != "auto":
+        return async_gathers == "on"
+    return backends == {"nccl"}
+
+
+def _in_flight_limit(backends: set):
+    """How many functional gathers may be outstanding at once. torch's functional collectives
+    on gloo corrupt the heap with two or more in flight (torch 2.13; plain async collectives
+    do not: scripts/repro_gloo_functional_collectives.py), so over gloo each start waits for
+    the one before it. NCCL: no limit beyond the schedule's memory budget."""
+    return None if backends <= {"nccl"} else 1
 
 
 def _split_prefetched(gm: fx.GraphModule) -> int:
@@ -180,3 +196,36 @@ def _split_prefetched(gm: fx.GraphModule) -> int:
         gm.graph.erase_node(gather)
         split += 1
     return split
+
+
+def _is_gather_start(node: fx.Node) -> bool:
+    return node.op == "call_function" and \
+        node.target is torch.ops._c10d_functional.all_gather_into_tensor.default
+
+
+def limit_in_flight(gm: fx.GraphModule, limit=None) -> int:
+    """Moves waits earlier so that at most `limit` gather starts are outstanding at any point
+    (None: no limit); the oldest outstanding gather is waited on first. Moving a wait earlier
+    is always legal: its only input is its start. Returns the most starts outstanding at once
+    in the resulting order."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"in-flight limit must be at least 1, got {limit}")
+    outstanding: list = []  # starts issued and not yet waited on, oldest first
+    most = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops._c10d_functional.wait_tensor.default:
+            start = node.args[0]
+            if start in outstanding:
+                outstanding.remove(start)
+            continue
+        if not _is_gather_start(node):
+            continue
+        while limit is not None and len(outstanding) >= limit:
+            oldest = outstanding.pop(0)
+            waits = [u for u in oldest.users
+                     if u.target is torch.ops._c10d_functional.wait_tensor.default]
+            for w in waits:
+                node.prepend(w)
+        outstanding.append(node)
+        most = max(most, len(outstanding))
+    return most

@@ -97,6 +97,8 @@ def _async_prefetch(rank, world, kind):
     rep = dcr.reports()[-1]
     assert any(s.get("async_prefetched", 0) > 0 for s in rep.schedule), rep.schedule
     assert any("wait_tensor" in op for op in rep.backward_ops)
+    # gloo: one functional gather in flight at a time (limit_in_flight; see its docstring)
+    assert all(s.get("max_in_flight", 0) <= 1 for r in dcr.reports() for s in r.schedule)
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -105,6 +107,42 @@ def test_async_prefetched_gathers(kind, world):
     """The start/wait rewrite must not change the numbers: training with prefetched async
     gathers matches one unsharded process, on 1 and on 2 gloo ranks."""
     run_ranks(_async_prefetch, world, kind)
+
+
+def test_limit_in_flight_moves_waits_earlier():
+    """Three gathers started back to back and waited on after the compute: with a limit of one,
+    each wait moves before the next start; with no limit the order stays."""
+    from deepcompile_remat.zero3.schedule import limit_in_flight
+
+    c10d = torch.ops._c10d_functional
+
+    def build():
+        g = torch.fx.Graph()
+        shards = [g.placeholder(f"shard{i}") for i in range(3)]
+        starts = [g.call_function(c10d.all_gather_into_tensor.default, (s, 2, "0"))
+                  for s in shards]
+        x = g.call_function(torch.ops.aten.relu.default, (shards[0],))
+        waits = [g.call_function(c10d.wait_tensor.default, (s,)) for s in starts]
+        g.output((x, *waits))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    def order(gm):
+        return [n.name.replace("_default", "") for n in gm.graph.nodes
+                if n.op == "call_function"]
+
+    gm = build()
+    before = order(gm)
+    assert limit_in_flight(gm, None) == 3 and order(gm) == before
+    assert limit_in_flight(gm, 1) == 1
+    assert order(gm) == ["all_gather_into_tensor", "wait_tensor",
+                         "all_gather_into_tensor_1", "wait_tensor_1",
+                         "all_gather_into_tensor_2", "relu", "wait_tensor_2"]
+    gm.graph.lint()
+    gm = build()
+    assert limit_in_flight(gm, 2) == 2
+    assert order(gm).index("wait_tensor") < order(gm).index("all_gather_into_tensor_2")
+    with pytest.raises(ValueError, match="at least 1"):
+        limit_in_flight(gm, 0)
 
 
 def test_async_gathers_auto_is_synchronous_on_gloo():
