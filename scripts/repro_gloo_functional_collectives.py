@@ -6,7 +6,7 @@ flight at a time, which is why zero3/schedule.py limits gloo to one (limit_in_fl
 
     python scripts/repro_gloo_functional_collectives.py [IN_FLIGHT] [functional|plain]
 
-Exits 0 after 3000 rounds without a crash; a crash kills a rank and the spawn raises.
+Exits 0 after 20000 rounds without a crash; a crash kills a rank and the spawn raises.
 """
 import os
 import sys
@@ -21,7 +21,7 @@ def _rank(rank: int, world: int, in_flight: int, api: str, port: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     group_name = dist.group.WORLD.group_name
     c10d = torch.ops._c10d_functional
-    for _ in range(3000):
+    for _ in range(20000):
         pending = []
         for k in range(in_flight):
             shard = torch.randn(1000 + 37 * k)
@@ -35,7 +35,7 @@ def _rank(rank: int, world: int, in_flight: int, api: str, port: str) -> None:
         _ = [torch.randn(100) for _ in range(50)]  # allocator churn makes corruption visible
     dist.barrier()
     if rank == 0:
-        print(f"{api}, {in_flight} in flight: 3000 rounds, no crash")
+        print(f"{api}, {in_flight} in flight: 20000 rounds, no crash")
     dist.destroy_process_group()
 
 
