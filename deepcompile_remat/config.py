@@ -39,7 +39,9 @@ class RematConfig:
     prefetch_budget_bytes: float = -1.0
     """Simulated peak a prefetch may reach; < 0: no higher than without prefetch."""
     bucket_bytes: int = 1 << 16
-    """Gathers of at most this many bytes that land at one point share one collective."""
+    """Gathers of at most this many bytes that land at one point share one collective; in the
+    backward, gradients of at most this many bytes share reduce-scatters of at most this many
+    bytes in all. 0: no buckets."""
     async_gathers: str = "auto"
     """Issue a gather the schedule moved ahead of its use as an async start/wait pair (torch's
     functional collectives) so communication overlaps compute. "auto": only where the

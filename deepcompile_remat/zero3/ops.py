@@ -9,6 +9,8 @@
     grad_shard = torch.ops.dcr.reduce_scatter_grad(full_grad, world_size, group_name)
         the average over ranks of each rank's full gradient, this rank's slot only (data
         parallel: the mean over the global batch when each rank's loss is a local mean).
+    grad_shards = torch.ops.dcr.reduce_scatter_grad_bucket(full_grads, world_size, group_name)
+        the same for several small gradients in one collective (zero3/grad_buckets.py).
 
 Fake implementations give shapes for tracing; the process group is named by its group_name
 (resolved on every call, so graphs hold no Python objects). The CUDA path uses the fused
@@ -27,10 +29,12 @@ class CommStats:
     allgather_bytes = 0
     reduce_scatter_bytes = 0
     allgather_calls = 0
+    reduce_scatter_calls = 0
 
     @classmethod
     def reset(cls) -> None:
-        cls.allgather_bytes = cls.reduce_scatter_bytes = cls.allgather_calls = 0
+        cls.allgather_bytes = cls.reduce_scatter_bytes = 0
+        cls.allgather_calls = cls.reduce_scatter_calls = 0
 
 
 def resolve_group(group_name: str):
@@ -77,24 +81,30 @@ def _(shard, world_size, group_name, dtype=None):
     return shard.new_empty(world_size * shard.numel(), dtype=shard.dtype if dtype is None else dtype)
 
 
+def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+    """This rank's slot of the mean over ranks of a flat, contiguous full gradient."""
+    group = resolve_group(group_name)
+    out = full.new_empty(full.numel() // world_size)
+    # Gloo has no AVG reduction: sum, then divide. Gloo's single-tensor reduce-scatter clones
+    # the whole full gradient first (one more fp32 full weight at the backward's peak); its
+    # list form reduces the chunks where they are.
+    if dist.get_backend(group) == "gloo":
+        dist.reduce_scatter(out, list(full.chunk(world_size)), group=group)
+    else:
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        scatter(out, full, group=group)
+    out.div_(world_size)
+    CommStats.reduce_scatter_bytes += full.numel() * full.element_size() * (world_size - 1) // world_size
+    CommStats.reduce_scatter_calls += 1
+    return out
+
+
 @torch.library.custom_op("dcr::reduce_scatter_grad", mutates_args=())
 def reduce_scatter_grad(full_grad: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
     full_grad = full_grad.contiguous()
     if world_size == 1:
         return full_grad.clone()
-    group = resolve_group(group_name)
-    out = full_grad.new_empty(full_grad.numel() // world_size)
-    # Gloo has no AVG reduction: sum, then divide. Gloo's single-tensor reduce-scatter clones
-    # the whole full gradient first (one more fp32 full weight at the backward's peak); its
-    # list form reduces the chunks where they are.
-    if dist.get_backend(group) == "gloo":
-        dist.reduce_scatter(out, list(full_grad.chunk(world_size)), group=group)
-    else:
-        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        scatter(out, full_grad, group=group)
-    out.div_(world_size)
-    CommStats.reduce_scatter_bytes += full_grad.numel() * full_grad.element_size() * (world_size - 1) // world_size
-    return out
+    return _reduce_scatter_mean(full_grad.reshape(-1), world_size, group_name)
 
 
 @reduce_scatter_grad.register_fake
@@ -163,3 +173,38 @@ def _(shards, world_size, group_name, dtype=None):
     _check_bucket(shards)
     return [s.new_empty(world_size * s.numel(), dtype=s.dtype if dtype is None else dtype)
             for s in shards]
+
+
+@torch.library.custom_op("dcr::reduce_scatter_grad_bucket", mutates_args=())
+def reduce_scatter_grad_bucket(full_grads: list[torch.Tensor], world_size: int,
+                               group_name: str) -> list[torch.Tensor]:
+    """reduce_scatter_grad of each full gradient, in one collective: rank r's slots of all of
+    them are laid side by side in row r of one buffer, so the buffer's r-th chunk is exactly
+    what rank r keeps. Per element the same sum as one collective per gradient."""
+    _check_grad_bucket(full_grads, world_size)
+    sizes = [g.numel() // world_size for g in full_grads]
+    if world_size == 1:
+        return [g.reshape(-1).clone() for g in full_grads]
+    rows = torch.cat([g.reshape(world_size, n) for g, n in zip(full_grads, sizes)], dim=1)
+    mine = _reduce_scatter_mean(rows.reshape(-1), world_size, group_name)
+    return [part.clone() for part in mine.split(sizes)]
+
+
+def _check_grad_bucket(full_grads, world_size: int) -> None:
+    if not full_grads:
+        raise ValueError("dcr::reduce_scatter_grad_bucket: empty bucket")
+    first = full_grads[0]
+    for i, g in enumerate(full_grads):
+        if g.dtype != first.dtype or g.device != first.device:
+            raise ValueError(
+                f"dcr::reduce_scatter_grad_bucket: gradient {i} is {g.dtype} on {g.device}, "
+                f"gradient 0 is {first.dtype} on {first.device}; one buffer needs one dtype")
+        if g.numel() % world_size:
+            raise ValueError(f"dcr::reduce_scatter_grad_bucket: gradient {i} has {g.numel()} "
+                             f"elements, not a multiple of the world size {world_size}")
+
+
+@reduce_scatter_grad_bucket.register_fake
+def _(full_grads, world_size, group_name):
+    _check_grad_bucket(full_grads, world_size)
+    return [g.new_empty(g.numel() // world_size) for g in full_grads]

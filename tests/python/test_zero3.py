@@ -393,3 +393,105 @@ def _bucket_op_rejects_mixed_dtypes(rank, world):
 
 def test_bucket_op_rejects_mixed_dtypes():
     run_ranks(_bucket_op_rejects_mixed_dtypes, 1)
+
+
+def _reduce_scatter_bucket_op(rank, world):
+    """The bucket op gives, bit for bit, what one reduce-scatter per gradient gives."""
+    g = torch.Generator().manual_seed(rank)
+    group_name = dist.group.WORLD.group_name
+    for dtype in (torch.float32, torch.bfloat16):
+        fulls = [torch.randn(world * n, generator=g).to(dtype) for n in (3, 16, 1, 40)]
+        zero3.CommStats.reset()
+        bucketed = torch.ops.dcr.reduce_scatter_grad_bucket(fulls, world, group_name)
+        assert zero3.CommStats.reduce_scatter_calls == 1
+        one_by_one = [torch.ops.dcr.reduce_scatter_grad(f, world, group_name) for f in fulls]
+        assert zero3.CommStats.reduce_scatter_calls == 1 + len(fulls)
+        for b, o in zip(bucketed, one_by_one):
+            assert b.dtype == dtype and torch.equal(b, o)
+    with pytest.raises(ValueError, match="gradient 1 is torch.bfloat16"):
+        torch.ops.dcr.reduce_scatter_grad_bucket(
+            [torch.zeros(2 * world), torch.zeros(2 * world, dtype=torch.bfloat16)], world,
+            group_name)
+    with pytest.raises(ValueError, match="not a multiple of the world size"):
+        torch.ops.dcr.reduce_scatter_grad_bucket([torch.zeros(2 * world + 1)], world, group_name)
+
+
+def test_reduce_scatter_bucket_op():
+    run_ranks(_reduce_scatter_bucket_op, 2)
+
+
+def _grads_with_buckets(rank, world, kind, bucket_bytes):
+    torch.manual_seed(0)
+    model = zero3.shard(GPT(layers=2))
+    config = dcr.RematConfig(bucket_bytes=bucket_bytes)
+    run = torch.compile(model, backend=dcr.backend(kind, config))
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(rank))
+    _loss(run(idx)).backward()  # compile
+    for p in model.parameters():
+        p.grad = None
+    zero3.CommStats.reset()
+    _loss(run(idx)).backward()
+    return ({n: p.grad.clone() for n, p in model.named_parameters()},
+            zero3.CommStats.reduce_scatter_calls,
+            sum(s.get("reduce_scatter_buckets", 0) for r in dcr.reports() for s in r.schedule))
+
+
+def _bucketed_gradients(rank, world, kind):
+    plain, plain_calls, plain_buckets = _grads_with_buckets(rank, world, kind, 0)
+    bucketed, calls, buckets = _grads_with_buckets(rank, world, kind, 1 << 16)
+    n_params = len(plain)
+    # Unbucketed: one reduce-scatter per parameter. Bucketed: the small ones share some.
+    assert plain_calls == n_params and plain_buckets == 0, (plain_calls, n_params)
+    assert buckets > 0 and calls < n_params, (calls, n_params, buckets)
+    for name, grad in plain.items():  # the same sums: bit for bit
+        assert torch.equal(bucketed[name], grad), name
+
+
+@pytest.mark.parametrize("kind", ["eager", "inductor"])
+def test_small_gradients_share_reduce_scatters(kind):
+    """Silent bugs guarded: a bucket that puts a gradient in another's slot, or scales it
+    twice; and buckets that never form (one collective per parameter, a fixed latency each)."""
+    run_ranks(_bucketed_gradients, 2, kind)
+
+
+def test_reduce_scatter_buckets_respect_uses_and_budget():
+    """A bucket stands where its last member stood: a member whose result is used before that
+    point, or a gradient over the budget, closes the bucket first."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
+
+    rs = torch.ops.dcr.reduce_scatter_grad.default
+    with FakeTensorMode():
+        vals = {n: torch.empty(n) for n in (8, 16, 4096)}
+
+    def build(use_first_early):
+        g = torch.fx.Graph()
+        fulls = []
+        for i, n in enumerate((8, 8, 16, 4096)):
+            f = g.placeholder(f"full{i}")
+            f.meta["val"] = vals[n]
+            fulls.append(f)
+        shards = []
+        for k, f in enumerate(fulls):
+            s = g.call_function(rs, (f, 2, "0"))
+            s.meta["val"] = f.meta["val"][: f.meta["val"].numel() // 2]
+            shards.append(s)
+            if k == 0 and use_first_early:
+                x = g.call_function(torch.ops.aten.neg.default, (s,))
+                shards.append(x)
+        g.output(tuple(shards))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    def buckets(gm):
+        return [[a.name for a in n.args[0]] for n in gm.graph.nodes
+                if n.target is torch.ops.dcr.reduce_scatter_grad_bucket.default]
+
+    gm = build(False)  # 32 + 32 + 64 bytes fit in 128; the 16 KB gradient stays alone
+    assert bucket_reduce_scatters(gm, 128) == 1 and buckets(gm) == [["full0", "full1", "full2"]]
+    assert sum(n.target is rs for n in gm.graph.nodes) == 1
+    gm = build(False)  # a 64-byte budget: 32 + 32, then 64 alone
+    assert bucket_reduce_scatters(gm, 64) == 1 and buckets(gm) == [["full0", "full1"]]
+    gm = build(True)  # full0's shard is used before full1's reduce-scatter: it cannot wait
+    assert bucket_reduce_scatters(gm, 128) == 1 and buckets(gm) == [["full1", "full2"]]
+    assert bucket_reduce_scatters(build(False), 0) == 0
