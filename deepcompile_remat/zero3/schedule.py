@@ -2,8 +2,9 @@
 
 Gathers and the views/casts that only reshape them are moved to just before their first use,
 then prefetched as far as the memory budget allows; small gathers that land at one point
-become one bucketed collective (dcr::allgather_cast_bucket). Every rank computes the same
-order from the same graph, so collectives line up.
+become one bucketed collective (dcr::allgather_cast_bucket), and small gathers left alone are
+packed, in order, into buckets of at most bucket_bytes. Every rank computes the same order
+from the same graph, so collectives line up.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def schedule_gathers(gm: fx.GraphModule, *, persistent_names: Iterable[str] = ()
             continue
         anchor.append(node)
         anchor = node
-    buckets = _bucket(gm, nodes, s["bucket_of"])
+    buckets = _bucket(gm, nodes, s["bucket_of"]) + _bucket_small_gathers(gm, bucket_bytes)
     backends = _gather_backends(gm)
     prefetched, in_flight = 0, 0
     if _use_async(backends, async_gathers):
@@ -120,18 +121,60 @@ def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
         if len(members) < 2:
             continue
         members.sort(key=position.__getitem__)  # the bucket goes where its first member was
-        with gm.graph.inserting_before(members[0]):
-            bucket = gm.graph.call_function(
-                torch.ops.dcr.allgather_cast_bucket.default,
-                ([m.args[0] for m in members], world_size, group_name), {"dtype": dtype})
-            bucket.meta["val"] = [m.meta["val"] for m in members]
-            items = [gm.graph.call_function(operator.getitem, (bucket, k))
-                     for k in range(len(members))]
-        for item, m in zip(items, members):  # erase only after inserting: members[0] is the anchor
-            item.meta["val"] = m.meta["val"]
-            m.replace_all_uses_with(item)
-            gm.graph.erase_node(m)
+        _replace_with_bucket(gm, members, world_size, group_name, dtype)
         made += 1
+    return made
+
+
+def _replace_with_bucket(gm: fx.GraphModule, members: list, world_size, group_name,
+                         dtype) -> None:
+    """One dcr::allgather_cast_bucket where members[0] stands, its items in the members' place."""
+    with gm.graph.inserting_before(members[0]):
+        bucket = gm.graph.call_function(
+            torch.ops.dcr.allgather_cast_bucket.default,
+            ([m.args[0] for m in members], world_size, group_name), {"dtype": dtype})
+        bucket.meta["val"] = [m.meta["val"] for m in members]
+        items = [gm.graph.call_function(operator.getitem, (bucket, k))
+                 for k in range(len(members))]
+    for item, m in zip(items, members):  # erase only after inserting: members[0] is the anchor
+        item.meta["val"] = m.meta["val"]
+        m.replace_all_uses_with(item)
+        gm.graph.erase_node(m)
+
+
+def _bucket_small_gathers(gm: fx.GraphModule, bucket_bytes: float) -> int:
+    """Small gathers still alone after the schedule (a layer norm's weight, a bias: each at its
+    own first use) are packed, in graph order, into buckets of at most `bucket_bytes` in all,
+    each issued where its first member stood. A gather is a fixed latency whatever its size,
+    and a member gathered early holds at most `bucket_bytes` longer than it had to."""
+    if bucket_bytes <= 0:
+        return 0
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    open_buckets: dict = {}
+    closed = []
+    for node in list(gm.graph.nodes):
+        if not is_allgather_cast(node):
+            continue
+        size = value_bytes(node.meta.get("val"))
+        if not isinstance(size, (int, float)) or size > bucket_bytes:
+            continue
+        shard = node.args[0]
+        val = shard.meta["val"]
+        key = (node.args[1], node.args[2], gather_dtype(node), val.dtype, str(val.device))
+        members = open_buckets.get(key, [])
+        total = sum(value_bytes(m.meta["val"]) for m in members) + size
+        # The bucket stands where its first member stands: this shard must exist there.
+        if members and (total > bucket_bytes or position[shard] > position[members[0]]):
+            closed.append(members)
+            members = []
+        members.append(node)
+        open_buckets[key] = members
+    made = 0
+    for members in closed + list(open_buckets.values()):
+        if len(members) >= 2:
+            first = members[0]
+            _replace_with_bucket(gm, members, first.args[1], first.args[2], gather_dtype(first))
+            made += 1
     return made
 
 
