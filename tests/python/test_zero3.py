@@ -495,3 +495,53 @@ def test_reduce_scatter_buckets_respect_uses_and_budget():
     gm = build(True)  # full0's shard is used before full1's reduce-scatter: it cannot wait
     assert bucket_reduce_scatters(gm, 128) == 1 and buckets(gm) == [["full1", "full2"]]
     assert bucket_reduce_scatters(build(False), 0) == 0
+
+
+def test_small_gathers_left_alone_are_packed():
+    """Small gathers at different points share a bucket where the first of them stood, within
+    the byte budget; a gather whose shard is computed after that point, or a large one, does
+    not join."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from deepcompile_remat.zero3.schedule import _bucket_small_gathers
+
+    gather = torch.ops.dcr.allgather_cast.default
+    with FakeTensorMode():
+        shard = {n: torch.empty(n) for n in (4, 8, 1024)}
+        full = {n: torch.empty(2 * n) for n in (4, 8, 1024)}
+
+    def build():
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        x.meta["val"] = full[4]
+        outs = []
+        for i, n in enumerate((4, 8, 1024, 4)):
+            s = g.placeholder(f"shard{i}")
+            s.meta["val"] = shard[n]
+            outs.append((s, n))
+        y = x
+        late = None
+        for item in outs + [None]:
+            s, n = item if item is not None else (late, 4)  # last: computed after the first
+            gth = g.call_function(gather, (s, 2, "0"))
+            gth.meta["val"] = full[n]
+            if late is None:
+                late = g.call_function(torch.ops.aten.neg.default, (outs[0][0],))
+                late.meta["val"] = shard[4]
+            y = g.call_function(torch.ops.aten.add.default, (y, gth)) if n == 4 else y
+        g.output((y,))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    def buckets(gm):
+        return [[a.name for a in n.args[0]] for n in gm.graph.nodes
+                if n.target is torch.ops.dcr.allgather_cast_bucket.default]
+
+    gm = build()  # 32 + 64 + 32 bytes fit in 1000; 8 KB stays alone; `neg` is too late
+    assert _bucket_small_gathers(gm, 1000) == 1
+    assert buckets(gm) == [["shard0", "shard1", "shard3"]]
+    gm.graph.lint()
+    gm = build()  # 96 bytes: shard0 + shard1, then shard3 + neg (computed before shard3's gather)
+    assert _bucket_small_gathers(gm, 96) == 2
+    assert buckets(gm) == [["shard0", "shard1"], ["shard3", "neg_default"]]
+    gm.graph.lint()
+    assert _bucket_small_gathers(build(), 0) == 0
