@@ -156,16 +156,20 @@ def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_nam
     return outs
 
 
-def _check_bucket(shards) -> None:
-    """One buffer holds the bucket: every shard must have the first one's dtype and device."""
-    if not shards:
-        raise ValueError("dcr::allgather_cast_bucket: empty bucket")
-    first = shards[0]
-    for i, s in enumerate(shards):
-        if s.dtype != first.dtype or s.device != first.device:
+def _check_one_buffer(op: str, what: str, tensors) -> None:
+    """One buffer holds a bucket: every tensor must have the first one's dtype and device."""
+    if not tensors:
+        raise ValueError(f"{op}: empty bucket")
+    first = tensors[0]
+    for i, t in enumerate(tensors):
+        if t.dtype != first.dtype or t.device != first.device:
             raise ValueError(
-                f"dcr::allgather_cast_bucket: shard {i} is {s.dtype} on {s.device}, shard 0 is "
-                f"{first.dtype} on {first.device}; a bucket's shards must share dtype and device")
+                f"{op}: {what} {i} is {t.dtype} on {t.device}, {what} 0 is {first.dtype} on "
+                f"{first.device}; a bucket's {what}s must share dtype and device")
+
+
+def _check_bucket(shards) -> None:
+    _check_one_buffer("dcr::allgather_cast_bucket", "shard", shards)
 
 
 @allgather_cast_bucket.register_fake
@@ -191,14 +195,8 @@ def reduce_scatter_grad_bucket(full_grads: list[torch.Tensor], world_size: int,
 
 
 def _check_grad_bucket(full_grads, world_size: int) -> None:
-    if not full_grads:
-        raise ValueError("dcr::reduce_scatter_grad_bucket: empty bucket")
-    first = full_grads[0]
+    _check_one_buffer("dcr::reduce_scatter_grad_bucket", "gradient", full_grads)
     for i, g in enumerate(full_grads):
-        if g.dtype != first.dtype or g.device != first.device:
-            raise ValueError(
-                f"dcr::reduce_scatter_grad_bucket: gradient {i} is {g.dtype} on {g.device}, "
-                f"gradient 0 is {first.dtype} on {first.device}; one buffer needs one dtype")
         if g.numel() % world_size:
             raise ValueError(f"dcr::reduce_scatter_grad_bucket: gradient {i} has {g.numel()} "
                              f"elements, not a multiple of the world size {world_size}")
