@@ -13,12 +13,11 @@ Every rank runs the same pass on the same graph, so the buckets, and the collect
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.fx as fx
 
 from deepcompile_remat.fx_values import value_bytes
+from deepcompile_remat.zero3.bucketing import pack_in_order, replace_with_bucket
 
 
 def _is_reduce_scatter(node: fx.Node) -> bool:
@@ -31,47 +30,31 @@ def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
     if bucket_bytes <= 0:
         return 0
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
-    open_buckets: dict = {}  # (world_size, group_name, dtype, device) -> [members]
-    closed = []
-    for node in list(gm.graph.nodes):
-        if not _is_reduce_scatter(node):
-            continue
-        full = node.args[0].meta.get("val")
-        size = value_bytes(full)
-        if not isinstance(full, torch.Tensor) or not isinstance(size, (int, float)) \
-                or size > bucket_bytes:
-            continue  # large (or symbolic) gradients keep their own collective
-        key = (node.args[1], node.args[2], full.dtype, str(full.device))
-        members = open_buckets.get(key, [])
+
+    def full_bytes(node):
+        return value_bytes(node.args[0].meta.get("val"))
+
+    def small(node):  # large (or symbolic) gradients keep their own collective
+        size = full_bytes(node)
+        return isinstance(node.args[0].meta.get("val"), torch.Tensor) \
+            and isinstance(size, (int, float)) and size <= bucket_bytes
+
+    def key_of(node):
+        full = node.args[0].meta["val"]
+        return node.args[1], node.args[2], full.dtype, str(full.device)
+
+    def used_before(members, node):
         # The bucket will stand where `node` stands: every member's result must be used only
-        # after that point, and the bucket stays within its byte budget.
-        used_before = any(position[u] < position[node] for m in members for u in m.users)
-        total = sum(value_bytes(m.args[0].meta["val"]) for m in members) + size
-        if members and (used_before or total > bucket_bytes):
-            closed.append(members)
-            members = []
-        members.append(node)
-        open_buckets[key] = members
-    closed.extend(open_buckets.values())
-    made = 0
-    for members in closed:
-        if len(members) < 2:
-            continue
+        # after that point.
+        return any(position[u] < position[node] for m in members for u in m.users)
+
+    buckets = pack_in_order([n for n in gm.graph.nodes if _is_reduce_scatter(n) and small(n)],
+                            key_of, full_bytes, bucket_bytes, used_before)
+    for members in buckets:
         last = members[-1]
-        world_size, group_name = last.args[1], last.args[2]
-        with gm.graph.inserting_before(last):
-            bucket = gm.graph.call_function(
-                torch.ops.dcr.reduce_scatter_grad_bucket.default,
-                ([m.args[0] for m in members], world_size, group_name))
-            bucket.meta["val"] = [m.meta["val"] for m in members]
-            items = [gm.graph.call_function(operator.getitem, (bucket, k))
-                     for k in range(len(members))]
-        for item, m in zip(items, members):
-            item.meta["val"] = m.meta["val"]
-            m.replace_all_uses_with(item)
-            gm.graph.erase_node(m)
-        made += 1
-    if made:
+        replace_with_bucket(gm, members, last, torch.ops.dcr.reduce_scatter_grad_bucket.default,
+                            ([m.args[0] for m in members], last.args[1], last.args[2]), {})
+    if buckets:
         gm.graph.lint()
         gm.recompile()
-    return made
+    return len(buckets)

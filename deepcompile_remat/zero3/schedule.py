@@ -8,7 +8,6 @@ from the same graph, so collectives line up.
 """
 from __future__ import annotations
 
-import operator
 from typing import Iterable
 
 import numpy as np
@@ -17,6 +16,7 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.fx_values import is_alias, value_bytes
+from deepcompile_remat.zero3.bucketing import pack_in_order, replace_with_bucket
 from deepcompile_remat.zero3.passes import gather_dtype, is_allgather_cast
 
 
@@ -129,17 +129,8 @@ def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
 def _replace_with_bucket(gm: fx.GraphModule, members: list, world_size, group_name,
                          dtype) -> None:
     """One dcr::allgather_cast_bucket where members[0] stands, its items in the members' place."""
-    with gm.graph.inserting_before(members[0]):
-        bucket = gm.graph.call_function(
-            torch.ops.dcr.allgather_cast_bucket.default,
-            ([m.args[0] for m in members], world_size, group_name), {"dtype": dtype})
-        bucket.meta["val"] = [m.meta["val"] for m in members]
-        items = [gm.graph.call_function(operator.getitem, (bucket, k))
-                 for k in range(len(members))]
-    for item, m in zip(items, members):  # erase only after inserting: members[0] is the anchor
-        item.meta["val"] = m.meta["val"]
-        m.replace_all_uses_with(item)
-        gm.graph.erase_node(m)
+    replace_with_bucket(gm, members, members[0], torch.ops.dcr.allgather_cast_bucket.default,
+                        ([m.args[0] for m in members], world_size, group_name), {"dtype": dtype})
 
 
 def _bucket_small_gathers(gm: fx.GraphModule, bucket_bytes: float) -> int:
@@ -150,32 +141,27 @@ def _bucket_small_gathers(gm: fx.GraphModule, bucket_bytes: float) -> int:
     if bucket_bytes <= 0:
         return 0
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
-    open_buckets: dict = {}
-    closed = []
-    for node in list(gm.graph.nodes):
-        if not is_allgather_cast(node):
-            continue
-        size = value_bytes(node.meta.get("val"))
-        if not isinstance(size, (int, float)) or size > bucket_bytes:
-            continue
-        shard = node.args[0]
-        val = shard.meta["val"]
-        key = (node.args[1], node.args[2], gather_dtype(node), val.dtype, str(val.device))
-        members = open_buckets.get(key, [])
-        total = sum(value_bytes(m.meta["val"]) for m in members) + size
-        # The bucket stands where its first member stands: this shard must exist there.
-        if members and (total > bucket_bytes or position[shard] > position[members[0]]):
-            closed.append(members)
-            members = []
-        members.append(node)
-        open_buckets[key] = members
-    made = 0
-    for members in closed + list(open_buckets.values()):
-        if len(members) >= 2:
-            first = members[0]
-            _replace_with_bucket(gm, members, first.args[1], first.args[2], gather_dtype(first))
-            made += 1
-    return made
+
+    def full_bytes(node):
+        return value_bytes(node.meta.get("val"))
+
+    def small(node):
+        size = full_bytes(node)
+        return isinstance(size, (int, float)) and size <= bucket_bytes
+
+    def key_of(node):
+        val = node.args[0].meta["val"]
+        return node.args[1], node.args[2], gather_dtype(node), val.dtype, str(val.device)
+
+    def shard_too_late(members, node):  # the bucket stands where its first member stands
+        return position[node.args[0]] > position[members[0]]
+
+    buckets = pack_in_order([n for n in gm.graph.nodes if is_allgather_cast(n) and small(n)],
+                            key_of, full_bytes, bucket_bytes, shard_too_late)
+    for members in buckets:
+        first = members[0]
+        _replace_with_bucket(gm, members, first.args[1], first.args[2], gather_dtype(first))
+    return len(buckets)
 
 
 def _gather_backends(gm: fx.GraphModule) -> set:
