@@ -10,20 +10,26 @@ import torch.fx as fx
 
 def pack_in_order(candidates: list, key_of: Callable, size_of: Callable, budget: float,
                   must_close: Callable[[list, fx.Node], bool]) -> list[list]:
-    """Candidates (in graph order) packed greedily, per key, into buckets of at most `budget`
-    bytes in all; must_close(members, node) closes the open bucket before `node` joins."""
-    open_buckets: dict = {}
+    """Candidates (in graph order) of at most `budget` bytes each packed greedily, per key, into
+    buckets of at most `budget` bytes in all; must_close(members, node) closes the open bucket
+    before `node` joins. Larger candidates, and every candidate when budget <= 0, are left out."""
+    if budget <= 0:
+        return []
+    open_buckets: dict = {}  # key -> (members, their bytes)
     closed = []
     for node in candidates:
+        size = size_of(node)
+        if size > budget:
+            continue
         key = key_of(node)
-        members = open_buckets.get(key, [])
-        total = sum(size_of(m) for m in members) + size_of(node)
-        if members and (total > budget or must_close(members, node)):
+        members, total = open_buckets.get(key, ([], 0.0))
+        if members and (total + size > budget or must_close(members, node)):
             closed.append(members)
-            members = []
+            members, total = [], 0.0
         members.append(node)
-        open_buckets[key] = members
-    return [m for m in closed + list(open_buckets.values()) if len(m) >= 2]
+        open_buckets[key] = (members, total + size)
+    buckets = closed + [members for members, _ in open_buckets.values()]
+    return [m for m in buckets if len(m) >= 2]
 
 
 def replace_with_bucket(gm: fx.GraphModule, members: list, anchor: fx.Node, target,

@@ -27,17 +27,10 @@ def _is_reduce_scatter(node: fx.Node) -> bool:
 
 def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
     """Rewrites `gm` in place; returns how many bucket collectives replaced >= 2 others."""
-    if bucket_bytes <= 0:
-        return 0
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     def full_bytes(node):
-        return value_bytes(node.args[0].meta.get("val"))
-
-    def small(node):  # large (or symbolic) gradients keep their own collective
-        size = full_bytes(node)
-        return isinstance(node.args[0].meta.get("val"), torch.Tensor) \
-            and isinstance(size, (int, float)) and size <= bucket_bytes
+        return value_bytes(node.args[0].meta["val"])
 
     def key_of(node):
         full = node.args[0].meta["val"]
@@ -48,7 +41,8 @@ def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
         # after that point.
         return any(position[u] < position[node] for m in members for u in m.users)
 
-    buckets = pack_in_order([n for n in gm.graph.nodes if _is_reduce_scatter(n) and small(n)],
+    buckets = pack_in_order([n for n in gm.graph.nodes if _is_reduce_scatter(n)
+                             and isinstance(n.args[0].meta.get("val"), torch.Tensor)],
                             key_of, full_bytes, bucket_bytes, used_before)
     for members in buckets:
         last = members[-1]

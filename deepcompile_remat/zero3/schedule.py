@@ -107,30 +107,34 @@ def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
     groups: dict = {}
     for i in np.flatnonzero(bucket_of >= 0):
         g = nodes[i]
-        shard, world_size, group_name = g.args[:3]
-        # One buffer per bucket: its members must share the shard dtype and device as well as
-        # the target dtype (a bf16 and an fp32 shard in one buffer would be promoted silently).
-        val = shard.meta["val"]
-        key = (int(bucket_of[i]), world_size, group_name, gather_dtype(g), val.dtype,
-               str(val.device))
-        groups.setdefault(key, []).append(g)
+        groups.setdefault((int(bucket_of[i]), *_gather_key(g)), []).append(g)
     position = {n: i for i, n in enumerate(gm.graph.nodes)}  # after reordering
     made = 0
-    for (_, world_size, group_name, dtype, _, _), members in sorted(
-            groups.items(), key=lambda kv: (kv[0][0], str(kv[0][3:]))):
+    for _, members in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][3:]))):
         if len(members) < 2:
             continue
         members.sort(key=position.__getitem__)  # the bucket goes where its first member was
-        _replace_with_bucket(gm, members, world_size, group_name, dtype)
+        _replace_with_bucket(gm, members)
         made += 1
     return made
 
 
-def _replace_with_bucket(gm: fx.GraphModule, members: list, world_size, group_name,
-                         dtype) -> None:
-    """One dcr::allgather_cast_bucket where members[0] stands, its items in the members' place."""
-    replace_with_bucket(gm, members, members[0], torch.ops.dcr.allgather_cast_bucket.default,
-                        ([m.args[0] for m in members], world_size, group_name), {"dtype": dtype})
+def _gather_key(g: fx.Node) -> tuple:
+    """What a bucket's members must share: world size, group and target dtype, and also the
+    shard's dtype and device (one buffer per bucket: a bf16 and an fp32 shard in one buffer
+    would be promoted silently)."""
+    shard, world_size, group_name = g.args[:3]
+    val = shard.meta["val"]
+    return world_size, group_name, gather_dtype(g), val.dtype, str(val.device)
+
+
+def _replace_with_bucket(gm: fx.GraphModule, members: list) -> None:
+    """One dcr::allgather_cast_bucket where members[0] stands, its items in the members' place
+    (the members share their _gather_key)."""
+    first = members[0]
+    replace_with_bucket(gm, members, first, torch.ops.dcr.allgather_cast_bucket.default,
+                        ([m.args[0] for m in members], first.args[1], first.args[2]),
+                        {"dtype": gather_dtype(first)})
 
 
 def _bucket_small_gathers(gm: fx.GraphModule, bucket_bytes: float) -> int:
@@ -138,29 +142,18 @@ def _bucket_small_gathers(gm: fx.GraphModule, bucket_bytes: float) -> int:
     own first use) are packed, in graph order, into buckets of at most `bucket_bytes` in all,
     each issued where its first member stood. A gather is a fixed latency whatever its size,
     and a member gathered early holds at most `bucket_bytes` longer than it had to."""
-    if bucket_bytes <= 0:
-        return 0
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     def full_bytes(node):
         return value_bytes(node.meta.get("val"))
 
-    def small(node):
-        size = full_bytes(node)
-        return isinstance(size, (int, float)) and size <= bucket_bytes
-
-    def key_of(node):
-        val = node.args[0].meta["val"]
-        return node.args[1], node.args[2], gather_dtype(node), val.dtype, str(val.device)
-
     def shard_too_late(members, node):  # the bucket stands where its first member stands
         return position[node.args[0]] > position[members[0]]
 
-    buckets = pack_in_order([n for n in gm.graph.nodes if is_allgather_cast(n) and small(n)],
-                            key_of, full_bytes, bucket_bytes, shard_too_late)
+    buckets = pack_in_order([n for n in gm.graph.nodes if is_allgather_cast(n)],
+                            _gather_key, full_bytes, bucket_bytes, shard_too_late)
     for members in buckets:
-        first = members[0]
-        _replace_with_bucket(gm, members, first.args[1], first.args[2], gather_dtype(first))
+        _replace_with_bucket(gm, members)
     return len(buckets)
 
 
