@@ -3,10 +3,12 @@ import faulthandler
 import os
 import time
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from deepcompile_remat.bench.ports import free_port
+from deepcompile_remat.zero3.ops import resolve_group
 
 
 def _entry(rank, world, port, fn, args):
@@ -40,3 +42,15 @@ def run_ranks(fn, world: int = 2, *args, timeout_s: float = RANKS_TIMEOUT_S) -> 
             raise AssertionError(
                 f"{fn.__name__} on {world} ranks did not finish in {timeout_s:.0f} s: a hang "
                 "(ranks waiting in mismatched collectives?)")
+
+
+def full_grads(model) -> dict:
+    """name -> the full gradient of each sharded parameter, gathered from every rank."""
+    out = {}
+    for mod_name, mod in model.named_modules():
+        for name, spec in getattr(mod, "_dcr_shard_specs", {}).items():
+            g = mod._parameters[name].grad
+            parts = [torch.zeros_like(g) for _ in range(spec.world_size)]
+            dist.all_gather(parts, g, group=resolve_group(spec.group_name))
+            out[f"{mod_name}.{name}".lstrip(".")] = torch.cat(parts)[: spec.numel].view(spec.shape)
+    return out

@@ -11,19 +11,7 @@ import torch.nn as nn
 import deepcompile_remat as dcr
 from deepcompile_remat import zero3
 from deepcompile_remat.bench.models import GPT, MLP
-from dist_utils import run_ranks
-
-
-def _full_grads(model):
-    """name -> the full gradient of each sharded parameter, gathered from every rank."""
-    out = {}
-    for mod_name, mod in model.named_modules():
-        for name, spec in getattr(mod, "_dcr_shard_specs", {}).items():
-            g = mod._parameters[name].grad
-            parts = [torch.zeros_like(g) for _ in range(spec.world_size)]
-            dist.all_gather(parts, g, group=zero3.ops.resolve_group(spec.group_name))
-            out[f"{mod_name}.{name}".lstrip(".")] = torch.cat(parts)[: spec.numel].view(spec.shape)
-    return out
+from dist_utils import full_grads, run_ranks
 
 
 # --- writes ----------------------------------------------------------------------------------
@@ -152,7 +140,7 @@ def _clip(rank, world, norm_type):
     norm = zero3.clip_grad_norm_(model, 1e-3, norm_type)
     torch.testing.assert_close(norm, ref_norm, rtol=1e-5, atol=1e-6)
     assert ref_norm > 1e-3  # the clip is active
-    grads = _full_grads(model)
+    grads = full_grads(model)
     for name, p in reference.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
@@ -192,8 +180,9 @@ def _subgroup(rank, world):
     x = torch.randn(4, 8)
     model(x).pow(2).mean().backward()
     reference(x).pow(2).mean().backward()
+    grads = full_grads(model)
     for name, p in reference.named_parameters():
-        torch.testing.assert_close(_full_grads(model)[name], p.grad, msg=name)
+        torch.testing.assert_close(grads[name], p.grad, msg=name)
 
 
 def test_subgroup_must_be_declared_data_parallel():
