@@ -16,8 +16,8 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.utils.checkpoint import CheckpointPolicy
 
-from deepcompile_remat.fx_values import value_bytes  # noqa: F401  (re-exported)
-from deepcompile_remat.partition.op_classes import OpClass, classify
+from deepcompile_remat.fx_values import value_bytes
+from deepcompile_remat.partition.op_classes import classify
 
 
 class NodeFlag(enum.IntFlag):  # mirrors dcr::NodeFlag

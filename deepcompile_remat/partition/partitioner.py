@@ -24,8 +24,8 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.config import RematConfig
+from deepcompile_remat.fx_values import value_bytes
 from deepcompile_remat.partition import extract, fx_export, report
-from deepcompile_remat.partition.op_classes import OpClass
 
 PartitionConflictError = _C.PartitionConflictError
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def _saved_value(node: fx.Node, parameter: bool) -> report.SavedValue:
         return report.SavedValue(node.name, tuple(str(s) if not isinstance(s, int) else s
                                                   for s in val.shape),
                                  str(val.dtype).replace("torch.", ""),
-                                 int(fx_export.value_bytes(val)), parameter)
+                                 int(value_bytes(val)), parameter)
     return report.SavedValue(node.name, (), type(val).__name__, 0, parameter)
 
 

@@ -11,7 +11,6 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
 pytest.importorskip("deepspeed",
                     reason="deepspeed is not installed (scripts/install.sh installs it)")
