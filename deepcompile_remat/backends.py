@@ -37,10 +37,16 @@ def make_partition_fn(config: Optional[RematConfig] = None, *,
                       parameter_indices: Optional[Sequence[int]] = None,
                       num_graph_inputs: Optional[int] = None) -> Callable:
     """Our AOTAutograd partition function with the ZeRO-3 runtime's passes plugged in
-    (cast-before-gather, re-gather schedule): what both backends use."""
+    (cast-before-gather, re-gather schedule): what both backends use. A disabled config
+    (RematConfig(enabled=False)) gives torch's own min_cut_rematerialization_partition: off
+    means off wherever the config is passed."""
     config = config if config is not None else RematConfig()
     if not isinstance(config, RematConfig):
         raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
+    if not config.enabled:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        return min_cut_rematerialization_partition
     return partitioner.make_partition_fn(config, parameter_indices=parameter_indices,
                                          num_graph_inputs=num_graph_inputs,
                                          hooks=(Zero3Hooks(config),))
@@ -88,7 +94,8 @@ def _observed(partition: Callable, on_partition: Optional[Callable], example_inp
 
 
 class RematPartitioner(CustomPartitionerFn):
-    """Our partition_fn behind inductor's custom-partitioner hook."""
+    """make_partition_fn(config) behind inductor's custom-partitioner hook: ours, or torch's
+    min-cut (called as inductor calls it) when the config is disabled."""
 
     def __init__(self, config: RematConfig, parameter_indices: Optional[Sequence[int]],
                  num_graph_inputs: Optional[int] = None, on_partition: Optional[Callable] = None,
@@ -115,27 +122,6 @@ class RematPartitioner(CustomPartitionerFn):
                 f"{self.num_graph_inputs}")
 
 
-class _ObservedTorchPartitioner(CustomPartitionerFn):
-    """Inductor's own partitioner (min_cut_rematerialization_partition, called exactly as
-    inductor calls it when no custom partitioner is set), with an observer: what a disabled
-    config compiles with when on_partition is given."""
-
-    def __init__(self, on_partition: Callable, example_inputs: Sequence[Any]) -> None:
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-        self._partition_fn = _observed(min_cut_rematerialization_partition, on_partition,
-                                       example_inputs)
-
-    def __reduce__(self):
-        return (_ObservedTorchPartitioner, (None, ()))
-
-    def __call__(self, gm, joint_inputs, **kwargs):
-        return self._partition_fn(gm, joint_inputs, **kwargs)
-
-    def uuid(self) -> str:
-        return "deepcompile_remat:torch-min-cut"
-
-
 def eager_graph_compiler() -> Callable:
     """Runs an FX graph as it is, with the boxed calling convention: the generated code clears
     its argument list, so inputs (saved activations, gathered weights) die at their last use
@@ -152,16 +138,12 @@ def eager_graph_compiler() -> Callable:
 
 def _eager_backend(config: RematConfig, on_partition: Optional[Callable] = None) -> Callable:
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     boxed_nop = eager_graph_compiler()
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
-        if config.enabled:
-            partition = make_partition_fn(config, parameter_indices=_parameters(config, example_inputs),
-                                          num_graph_inputs=len(example_inputs))
-        else:  # off: torch's own min-cut partitioner, as inductor would use
-            partition = min_cut_rematerialization_partition
+        partition = make_partition_fn(config, parameter_indices=_parameters(config, example_inputs),
+                                      num_graph_inputs=len(example_inputs))
         return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop,
                             partition_fn=_observed(partition, on_partition, example_inputs))(
             gm, example_inputs)
@@ -175,11 +157,9 @@ def _inductor_backend(config: RematConfig, on_partition: Optional[Callable] = No
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         if not config.enabled and on_partition is None:  # off: stock inductor
             return compile_fx(gm, example_inputs)
-        if not config.enabled:  # off, observed: inductor's own partitioner behind the hook
-            partitioner = _ObservedTorchPartitioner(on_partition, example_inputs)
-        else:
-            partitioner = RematPartitioner(config, _parameters(config, example_inputs),
-                                           len(example_inputs), on_partition, example_inputs)
+        # Off but observed: torch's min-cut behind the hook, so on_partition sees its graphs.
+        partitioner = RematPartitioner(config, _parameters(config, example_inputs),
+                                       len(example_inputs), on_partition, example_inputs)
         with torch._inductor.config.patch(custom_partitioner_fn=partitioner):
             return compile_fx(gm, example_inputs)
 

@@ -424,6 +424,14 @@ def test_disabled_config_is_off(kind):
     assert len(dcr.reports()) == 1
 
 
+def test_disabled_config_partitions_with_torch():
+    """The public make_partition_fn honours "enabled": false too (it ran ours)."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    assert dcr.make_partition_fn(RematConfig(enabled=False)) is min_cut_rematerialization_partition
+    assert dcr.make_partition_fn(RematConfig()) is not min_cut_rematerialization_partition
+
+
 def test_backward_state_is_free_to_save():
     """Compiled autograd's BackwardState reaches the backward by reference: like torch, cost
     it 0 rather than 'cannot be saved' (which made a graph that needs it unpartitionable)."""
