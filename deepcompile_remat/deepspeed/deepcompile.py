@@ -29,15 +29,16 @@ def ds_parameter_indices(example_inputs) -> list:
 def our_partitioner(remat, parameter_indices, num_graph_inputs):
     import torch._inductor.config as inductor_config
 
-    from deepcompile_remat.backends import RematPartitioner, make_partition_fn
+    from deepcompile_remat.backends import RematPartitioner
 
+    # One partitioner for both paths: it takes the module-global's call as well (DeepSpeed's
+    # wrapper passes keywords only).
+    ours = RematPartitioner(remat, parameter_indices, num_graph_inputs)
     dc_backend = ds.deepcompile_backend_module()
     saved = dc_backend.min_cut_rematerialization_partition
-    dc_backend.min_cut_rematerialization_partition = make_partition_fn(
-        remat, parameter_indices=parameter_indices, num_graph_inputs=num_graph_inputs)
+    dc_backend.min_cut_rematerialization_partition = ours
     try:
-        with inductor_config.patch(custom_partitioner_fn=RematPartitioner(
-                remat, parameter_indices, num_graph_inputs)):
+        with inductor_config.patch(custom_partitioner_fn=ours):
             yield
     finally:
         dc_backend.min_cut_rematerialization_partition = saved
