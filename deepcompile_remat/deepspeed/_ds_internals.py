@@ -94,15 +94,6 @@ def micro_step_id(optimizer) -> int:
     return optimizer.micro_step_id
 
 
-def partition_holds_data(param) -> bool:
-    """False where this rank's partition lies wholly in the padding (tiny parameters on many
-    ranks): DeepSpeed leaves its gradient slot untouched then (partition_grads)."""
-    from deepspeed import comm as ds_dist
-
-    rank = ds_dist.get_rank(group=param.ds_process_group)
-    return param.ds_tensor.numel() * rank < param.ds_numel
-
-
 def wrap_deepcompile_backend(engine, wrap) -> None:
     """engine.compile() asks get_deepspeed_compile_backend for DeepCompile's backend function;
     wrap(backend_fn) -> backend_fn' is applied to what it returns."""

@@ -91,11 +91,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 def _attach(engine, block: DeepSpeedBlock, deepcompile_on: bool) -> None:
     from deepcompile_remat.deepspeed import _ds_internals
 
-    _ds_internals.warn_if_other_version()
-    if engine.zero_optimization_stage() != 3:
-        raise ValueError(f"\"{BLOCK}\" is enabled but the engine runs ZeRO stage "
-                         f"{engine.zero_optimization_stage()}; deepcompile_remat takes over "
-                         "stage 3 only")
+    _ds_internals.warn_if_other_version()  # the stage was checked in the config it was built from
     if deepcompile_on:
         from deepcompile_remat.deepspeed import deepcompile
 

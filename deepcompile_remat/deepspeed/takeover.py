@@ -96,8 +96,10 @@ def _spec(p) -> ShardSpec:
     return ShardSpec(tuple(p.ds_shape), p.ds_numel, shard_numel, world, rank, group.group_name)
 
 
-def _grad_hook(takeover: Takeover, optimizer, p):
-    holds_data = ds.partition_holds_data(p)
+def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
+    # A partition wholly in the padding (tiny parameters on many ranks): DeepSpeed leaves its
+    # gradient slot untouched (partition_grads), and so do we.
+    holds_data = spec.rank * spec.shard_numel < spec.numel
 
     @torch.no_grad()
     def hook(leaf: torch.Tensor) -> None:
@@ -135,14 +137,15 @@ def take_over(engine, block: DeepSpeedBlock) -> Takeover:
         mod_leaves, specs = {}, {}
         for n in names:
             p = mod._parameters[n]
+            spec = _spec(p)
             if id(p) not in leaves:  # tied parameters share one leaf
                 leaf = nn.Parameter(p.ds_tensor.data, requires_grad=p.requires_grad)
                 leaves[id(p)] = leaf
                 takeover.leaves.append((p, leaf))
                 if p.requires_grad:
-                    takeover.handles.append(
-                        leaf.register_post_accumulate_grad_hook(_grad_hook(takeover, optimizer, p)))
-            mod_leaves[n], specs[n] = leaves[id(p)], _spec(p)
+                    takeover.handles.append(leaf.register_post_accumulate_grad_hook(
+                        _grad_hook(takeover, optimizer, p, spec)))
+            mod_leaves[n], specs[n] = leaves[id(p)], spec
         object.__setattr__(mod, _LEAVES_ATTR, mod_leaves)
         object.__setattr__(mod, _SPECS_ATTR, specs)
         mod.__class__ = sharded_class(type(mod), names, _gathered)
