@@ -102,7 +102,7 @@ def ds_config(setup: str, a: argparse.Namespace) -> dict:
     return cfg
 
 
-def _rank_main(rank: int, world: int, port: int, args_dict: dict, out_path: str) -> None:
+def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
     os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     import torch
@@ -172,8 +172,7 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict, out_path: str)
         engine.destroy()
         del engine, model, opt
     dist.destroy_process_group()
-    with open(f"{out_path}.{rank}", "w") as f:
-        json.dump(rows, f)
+    return rows
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -200,11 +199,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Peak memory and step time per rank: stock DeepSpeed ZeRO-3 vs the flag on (CPU, gloo)."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
     from deepcompile_remat.bench.ports import free_port
+    from deepcompile_remat.bench.ranks import spawn_for_rows
 
     try:
         import deepspeed  # noqa: F401
@@ -212,13 +208,7 @@ def run(args: argparse.Namespace) -> int:
         print("bench-deepspeed needs deepspeed (scripts/install.sh installs it)")
         return 2
     args_dict = {k: v for k, v in vars(args).items() if k not in ("run", "command")}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rows")
-        mp.spawn(_rank_main, args=(args.world, free_port(), args_dict, out), nprocs=args.world)
-        rows = []
-        for r in range(args.world):
-            with open(f"{out}.{r}") as f:
-                rows += json.load(f)
+    rows = spawn_for_rows(_rank_main, args.world, args.world, free_port(), args_dict)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

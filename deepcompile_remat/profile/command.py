@@ -17,7 +17,6 @@ import os
 import platform
 import shlex
 import sys
-import tempfile
 import time
 
 from deepcompile_remat.profile.setups import BACKENDS, PRECISIONS, SETUPS
@@ -85,21 +84,12 @@ def _validate(args) -> None:
 
 def _run_pass(nprocs: int, world: int, emulated: bool, device: str, cells, size, opts,
               show_progress: bool) -> list:
-    import torch.multiprocessing as mp
-
     from deepcompile_remat.bench.ports import free_port
+    from deepcompile_remat.bench.ranks import spawn_for_rows
     from deepcompile_remat.profile import measure
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rows")
-        mp.spawn(measure.rank_main, nprocs=nprocs,
-                 args=(nprocs, world, emulated, free_port(), device, cells, size, opts, out,
-                       show_progress))
-        rows = []
-        for r in range(nprocs):
-            with open(f"{out}.{r}") as f:
-                rows += json.load(f)
-    return rows
+    return spawn_for_rows(measure.rank_main, nprocs, nprocs, world, emulated, free_port(),
+                          device, cells, size, opts, show_progress)
 
 
 def _machine(device: str) -> str:
@@ -151,12 +141,13 @@ def run(args: argparse.Namespace) -> int:
         "step": report.STEP_DEFINITION,
     }
     os.makedirs(args.out, exist_ok=True)
-    text = report.render(rows, meta) + f"\n\nwall time {wall:.0f} s on {meta['machine']}"
+    folded = report.fold(rows)
+    text = report.render(folded, meta) + f"\n\nwall time {wall:.0f} s on {meta['machine']}"
     report.write_json(os.path.join(args.out, "results.json"), rows, meta)
     report.write_csv(os.path.join(args.out, "results.csv"), rows)
     with open(os.path.join(args.out, "table.txt"), "w") as f:
         f.write(text + "\n")
-    made = [] if args.no_plots else plots.write_all(rows, report.fold(rows), args.out,
+    made = [] if args.no_plots else plots.write_all(rows, folded, args.out,
                                                      size.describe())
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}))

@@ -174,7 +174,7 @@ def run_cell(cell: Cell, size: ModelSize, opts: RunOptions, rank: int, world: in
     row = {
         "backend": cell.backend, "precision": cell.precision, "setup": cell.setup,
         "rank": rank, "world": world, "emulated": emulated, "device": device.type,
-        "exact_counter": exact_counter if device.type == "cpu" else True,
+        "exact_counter": exact_counter,
         "peak_bytes": mem.peak_bytes, "fw_peak_bytes": mem.fw_peak_bytes,
         "bw_peak_bytes": mem.bw_peak_bytes, "boundary_bytes": mem.boundary_bytes,
         "start_bytes": mem.start_bytes, "peak_bytes_each_step": [m.peak_bytes for m in measured],
@@ -226,11 +226,8 @@ class Progress:
 
 
 def rank_main(rank: int, nprocs: int, world: int, emulated: bool, port: int, device_kind: str,
-              cells: list, size: ModelSize, opts: RunOptions, out_path: str,
-              show_progress: bool) -> None:
-    """Entry point of one rank process (mp.spawn): every cell, rows to out_path.<rank>."""
-    import json
-
+              cells: list, size: ModelSize, opts: RunOptions, show_progress: bool) -> list:
+    """Entry point of one rank process (bench.ranks.spawn_for_rows): every cell, its rows."""
     import torch
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
@@ -239,7 +236,7 @@ def rank_main(rank: int, nprocs: int, world: int, emulated: bool, port: int, dev
     # Every partition must be observed: a cache hit would skip the partitioner.
     inductor_config.fx_graph_cache = False
     functorch_config.enable_autograd_cache = False
-    exact = memory.exact_cpu_counter(True) if device_kind == "cpu" else True
+    exact = memory.exact_cpu_counter() if device_kind == "cpu" else True
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // nprocs))
     if device_kind == "cuda":
         torch.cuda.set_device(rank)
@@ -275,5 +272,4 @@ def rank_main(rank: int, nprocs: int, world: int, emulated: bool, port: int, dev
             progress.done()
     finally:
         dist.destroy_process_group()
-    with open(f"{out_path}.{rank}", "w") as f:
-        json.dump(rows, f)
+    return rows

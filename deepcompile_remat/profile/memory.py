@@ -24,7 +24,6 @@ import ctypes
 import glob
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -35,7 +34,7 @@ MARKS = (FORWARD, BACKWARD, RELEASE)
 _FLAG = "FLAGS_caffe2_report_cpu_memory_usage"
 
 
-def exact_cpu_counter(on: bool = True) -> bool:
+def exact_cpu_counter() -> bool:
     """Makes the CPU allocator count allocations and frees of every thread (see the module
     docstring). Returns whether the flag could be set. Turn it on before the tensors to be
     measured are allocated (frees of tensors it never saw are not counted)."""
@@ -47,7 +46,7 @@ def exact_cpu_counter(on: bool = True) -> bool:
             flag = ctypes.c_bool.in_dll(ctypes.CDLL(path), _FLAG)
         except (OSError, ValueError):
             continue
-        flag.value = on
+        flag.value = True
         return True
     return False
 
@@ -63,7 +62,6 @@ class StepMemory:
     live_bytes: np.ndarray    # ... and total minus start_bytes after each event
     fw_end_ms: float
     bw_end_ms: float
-    events: int
 
 
 def _marks(tree) -> dict:
@@ -74,16 +72,27 @@ def _marks(tree) -> dict:
     return out
 
 
+def _event_tree(prof):
+    from torch.profiler._memory_profiler import OpTree  # private: the profiler's event tree
+
+    return OpTree(prof.profiler.kineto_results)
+
+
+def _allocation_events(tree, device_type: str) -> list:
+    """(time ns, allocator total after it, bytes allocated (< 0: freed)) per allocator event
+    on `device_type`, in time order."""
+    from torch._C._profiler import _EventType
+
+    return sorted(((n.start_time_ns, n.typed[1].total_allocated, n.typed[1].alloc_size)
+                   for n in tree.sorted_nodes
+                   if n.typed[0] == _EventType.Allocation
+                   and n.typed[1].device.type == device_type), key=lambda e: e[0])
+
+
 def peak_over_profile(prof, device_type: str = "cpu") -> float:
     """Peak live bytes over a whole profiled region (no marks needed): the largest allocator
     total after an event, minus the total before the first event."""
-    from torch._C._profiler import _EventType
-    from torch.profiler._memory_profiler import OpTree  # private: the profiler's event tree
-
-    events = sorted(((n.start_time_ns, n.typed[1].total_allocated, n.typed[1].alloc_size)
-                     for n in OpTree(prof.profiler.kineto_results).sorted_nodes
-                     if n.typed[0] == _EventType.Allocation
-                     and n.typed[1].device.type == device_type), key=lambda e: e[0])
+    events = _allocation_events(_event_tree(prof), device_type)
     if not events:
         return 0.0
     return float(max(e[1] for e in events) - (events[0][1] - events[0][2]))
@@ -91,24 +100,16 @@ def peak_over_profile(prof, device_type: str = "cpu") -> float:
 
 def from_profile(prof, device_type: str = "cpu") -> StepMemory:
     """The step's memory from a torch.profiler run of exactly one step (with the marks)."""
-    from torch._C._profiler import _EventType
-    from torch.profiler._memory_profiler import OpTree  # private: the profiler's event tree
-
-    tree = OpTree(prof.profiler.kineto_results)
+    tree = _event_tree(prof)
     marks = _marks(tree)
     missing = [m for m in MARKS if m not in marks]
     if missing:
         raise RuntimeError(f"profiled step lacks the marks {missing}")
     t0 = marks[FORWARD][0]
     fw_end, bw_end = marks[FORWARD][1], marks[RELEASE][1]
-    events = sorted(((n.start_time_ns, n.typed[1].total_allocated, n.typed[1].alloc_size)
-                     for n in tree.sorted_nodes
-                     if n.typed[0] == _EventType.Allocation
-                     and n.typed[1].device.type == device_type),
-                    key=lambda e: e[0])
-    events = [e for e in events if t0 <= e[0] <= bw_end]
+    events = [e for e in _allocation_events(tree, device_type) if t0 <= e[0] <= bw_end]
     if not events:
-        return StepMemory(0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(1), np.zeros(1), 0.0, 0.0, 0)
+        return StepMemory(0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(1), np.zeros(1), 0.0, 0.0)
     start = float(events[0][1] - events[0][2])
     t = np.asarray([(e[0] - t0) / 1e6 for e in events])
     live = np.asarray([float(e[1]) for e in events]) - start
@@ -119,7 +120,7 @@ def from_profile(prof, device_type: str = "cpu") -> StepMemory:
         bw_peak_bytes=float(max(live[~fw].max(), 0.0)) if (~fw).any() else 0.0,
         boundary_bytes=float(live[fw][-1]) if fw.any() else 0.0,
         t_ms=np.concatenate([[0.0], t]), live_bytes=np.concatenate([[0.0], live]),
-        fw_end_ms=(fw_end - t0) / 1e6, bw_end_ms=(bw_end - t0) / 1e6, events=len(events))
+        fw_end_ms=(fw_end - t0) / 1e6, bw_end_ms=(bw_end - t0) / 1e6)
 
 
 def downsample(t: np.ndarray, y: np.ndarray, points: int = 1500) -> tuple[list, list]:
@@ -161,10 +162,8 @@ class CudaStepPeaks:
         torch.cuda.synchronize(self.device)
         self.bw = float(torch.cuda.max_memory_allocated(self.device)) - self.start
 
-    def apply(self, mem: Optional[StepMemory]) -> StepMemory:
+    def apply(self, mem: StepMemory) -> StepMemory:
         """The allocator's exact figures over the profiler's timeline."""
-        if mem is None:
-            mem = StepMemory(0, 0, 0, 0, 0, np.zeros(1), np.zeros(1), 0.0, 0.0, 0)
         mem.start_bytes = self.start
         mem.fw_peak_bytes, mem.bw_peak_bytes = max(self.fw, 0.0), max(self.bw, 0.0)
         mem.peak_bytes = max(mem.fw_peak_bytes, mem.bw_peak_bytes)

@@ -25,7 +25,9 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from deepcompile_remat.backends import parameter_indices_of
 from deepcompile_remat.fx_values import is_alias, value_bytes
+from deepcompile_remat.partition.fx_export import is_tangent
 
 _BLOCK = re.compile(r"\bblocks[._](\d+)\b")
 
@@ -91,9 +93,7 @@ def parameter_names(fw: fx.GraphModule, example_inputs: Sequence[Any]) -> set:
     """Names of the forward's placeholders that are parameters (the backend's nn.Parameter
     inputs; AOTAutograd names primal i ``primals_{i+1}``)."""
     placeholders = [n.name for n in fw.graph.find_nodes(op="placeholder")]
-    params = {f"primals_{i + 1}" for i, x in enumerate(example_inputs)
-              if isinstance(x, torch.nn.Parameter)}
-    return params & set(placeholders)
+    return {f"primals_{i + 1}" for i in parameter_indices_of(example_inputs)} & set(placeholders)
 
 
 def _weight_derived(fw: fx.GraphModule, params: set) -> set:
@@ -160,7 +160,7 @@ def analyze(fw: fx.GraphModule, bw: fx.GraphModule,
     memo: dict = {}
     roots = {}
     for p in bw.graph.find_nodes(op="placeholder"):
-        if "tangents" in p.name or p.name in params:
+        if is_tangent(p) or p.name in params:
             continue
         if not isinstance(p.meta.get("val"), torch.Tensor):
             continue

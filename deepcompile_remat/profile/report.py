@@ -69,7 +69,8 @@ def _mean_per_block(row: dict) -> float:
     return sum(per.values()) / len(per) if per else float("nan")
 
 
-def _unit(values: Iterable[float]) -> tuple[float, str]:
+def unit_of(values: Iterable[float]) -> tuple[float, str]:
+    """(scale, name) to print these byte counts in: GB from 4 GB up, else MB."""
     biggest = max([abs(v) for v in values if not math.isnan(v)] or [0.0])
     return (2**30, "GB") if biggest >= 4 * 2**30 else (2**20, "MB")
 
@@ -80,7 +81,8 @@ def _delta(new: float, old: float) -> str:
     return f"{100.0 * (new - old) / old:+.1f}%"
 
 
-def _groups(folded: dict) -> list:
+def config_groups(folded: dict) -> list:
+    """The (world, emulated, backend, precision) of the folded cells, in first-seen order."""
     seen = []
     for (world, emulated, backend, precision, _setup) in folded:
         g = (world, emulated, backend, precision)
@@ -91,15 +93,14 @@ def _groups(folded: dict) -> list:
 
 def main_table(folded: dict) -> str:
     """#7609's layout: per backend+precision, base vs ours, time and memory, with deltas."""
-    scale, unit = _unit(c["peak_bytes"] for c in folded.values())
+    scale, unit = unit_of(c["peak_bytes"] for c in folded.values())
     setups = [s for s in SETUPS if any(k[4] == s for k in folded)]
-    head_t = " ".join(f"{s:>8}" for s in setups)
-    head_m = " ".join(f"{s:>8}" for s in setups)
+    head = " ".join(f"{s:>8}" for s in setups)
     width = 9 * len(setups) + 8
     memory_title = f"peak memory per rank ({unit})"
     lines = [f"{'':<24} {'step time (s)':^{width}}   {memory_title:^{width}}",
-             f"{'config':<24} {head_t} {'delta':>7}   {head_m} {'delta':>7}"]
-    for world, emulated, backend, precision in _groups(folded):
+             f"{'config':<24} {head} {'delta':>7}   {head} {'delta':>7}"]
+    for world, emulated, backend, precision in config_groups(folded):
         get = {s: folded.get((world, emulated, backend, precision, s)) for s in setups}
         times = " ".join(f"{get[s]['step_s']:>8.3f}" if get[s] and not math.isnan(get[s]["step_s"])
                          else f"{'-':>8}" for s in setups)
@@ -118,8 +119,12 @@ def _several_worlds(folded: dict) -> bool:
     return len({(k[0], k[1]) for k in folded}) > 1
 
 
+def _ranks_differ(cell: dict) -> bool:
+    return cell["peak_spread_bytes"] > 0.02 * max(cell["peak_bytes"], 1.0)
+
+
 def detail_table(folded: dict) -> str:
-    scale, unit = _unit(c["peak_bytes"] for c in folded.values())
+    scale, unit = unit_of(c["peak_bytes"] for c in folded.values())
     cols = (f"{'cell':<34} {'peak':>8} {'fw peak':>8} {'bw peak':>8} {'fw end':>8} "
             f"{'predict':>8} {'saved':>8} {'weights':>8} {'gathered':>9} {'compile s':>9}")
     lines = [f"per cell, {unit}, max over ranks. fw end: alive when the forward ends; predict: "
@@ -129,7 +134,7 @@ def detail_table(folded: dict) -> str:
     for (world, emulated, backend, precision, setup), c in folded.items():
         name = f"{backend}/{precision}/{setup}" + (f" w{world}{'e' if emulated else ''}"
                                                    if _several_worlds(folded) else "")
-        spread = "*" if c["peak_spread_bytes"] > 0.02 * max(c["peak_bytes"], 1.0) else " "
+        spread = "*" if _ranks_differ(c) else " "
         lines.append(
             f"{name:<34} {c['peak_bytes'] / scale:>7.2f}{spread} "
             f"{c['fw_peak_bytes'] / scale:>8.2f} "
@@ -137,7 +142,7 @@ def detail_table(folded: dict) -> str:
             f"{c['predicted_peak_bytes'] / scale:>8.2f} "
             f"{c['saved_bytes'] / scale:>8.2f} {c['saved_weight_bytes'] / scale:>8.2f} "
             f"{c['gathered_bytes'] / scale:>9.2f} {c['compile_s']:>9.1f}")
-    if any(c["peak_spread_bytes"] > 0.02 * max(c["peak_bytes"], 1.0) for c in folded.values()):
+    if any(_ranks_differ(c) for c in folded.values()):
         lines.append("* ranks differ by more than 2% (results.json has each rank)")
     return "\n".join(lines)
 
@@ -185,8 +190,8 @@ def header(meta: dict) -> str:
             + f"; torch {meta['torch']}; {timed}profiled steps {meta.get('profiled_steps', 1)}")
 
 
-def render(rows: list, meta: dict) -> str:
-    folded = fold(rows)
+def render(folded: dict, meta: dict) -> str:
+    """The whole report, from fold(rows)."""
     return "\n\n".join([header(meta), main_table(folded), detail_table(folded),
                         footer(folded, meta)])
 
