@@ -25,7 +25,9 @@ enum class OpClass : uint8_t {
   kPointwise = 3,         // fusible elementwise op (incl. cheap creation ops)
   kReduction = 4,         // cheap fusible reduction (sum, mean, amax, var, ...)
   kComputeIntensive = 5,  // mm, bmm, convolution, attention: never recomputed by default
-  kRandom = 6,            // RNG or effectful op: never recomputed (result or effect differs)
+  kRandom = 6,            // RNG or effectful op: recomputing it draws anew or repeats an effect,
+                          // so never recomputed, except a kRngReplayable op in a checkpoint
+                          // region (remat_partition.h)
   kGather = 7,            // parameter gather / wait (ZeRO-3 allgather, functional collectives)
   kGetItem = 8,           // element of a multi-output op's tuple
   kOther = 9,             // anything else: not fusible
@@ -46,6 +48,9 @@ enum NodeFlag : uint32_t {
   kSymInt = 1u << 6,            // SymInt / SymBool value: saved as a scalar
   kSymFloat = 1u << 7,          // SymFloat: never saved
   kMustBeInBackward = 1u << 8,  // partitioner tag: computed in the backward only
+  kRngReplayable = 1u << 9,     // seeded random op (Tag.nondeterministic_seeded): its forward
+                                // RNG state can be saved and replayed in the backward, so a
+                                // recomputation draws exactly what the forward drew
 };
 
 // CheckpointPolicy tags from node.meta["recompute"] (torch.utils.checkpoint.CheckpointPolicy).

@@ -39,30 +39,6 @@ std::vector<uint8_t> ClassifyRegions(const JointGraphView& g, const Adjacency& a
   return info;
 }
 
-// --- ApplyCheckpointTags -----------------------------------------------------------------------
-// A recompute-tagged node whose recompute-tagged user lies in a later checkpoint region is the
-// boundary between two regions: it is saved (as torch.utils.checkpoint stashes region outputs).
-std::vector<RecomputeTag> ApplyCheckpointTags(const JointGraphView& g, const Adjacency& adj) {
-  std::vector<RecomputeTag> tags(g.num_nodes);
-  for (int64_t v = 0; v < g.num_nodes; ++v) {
-    tags[v] = static_cast<RecomputeTag>(g.recompute[v]);
-    // A checkpoint region's random op is not replayed bit-exactly by recomputation; a soft
-    // PREFER_RECOMPUTE yields and the op's result is saved (MUST_RECOMPUTE still conflicts).
-    if (tags[v] == RecomputeTag::kPreferRecompute && ClassOf(g, v) == OpClass::kRandom)
-      tags[v] = RecomputeTag::kNone;
-  }
-  for (int64_t v = 0; v < g.num_nodes; ++v) {
-    if (!IsRecomputeTag(static_cast<RecomputeTag>(g.recompute[v])) || g.ac_graph_id[v] < 0) continue;
-    bool boundary = false;
-    adj.ForEachUser(v, [&](int64_t u) {
-      boundary |= IsRecomputeTag(static_cast<RecomputeTag>(g.recompute[u])) &&
-                  g.ac_graph_id[u] > g.ac_graph_id[v];
-    });
-    if (boundary) tags[v] = RecomputeTag::kMustSave;
-  }
-  return tags;
-}
-
 // --- MarkParameterAliases ----------------------------------------------------------------------
 // alias_of[v] = the parameter node v derives from through gathers/views/casts/getitems, or -1.
 std::vector<int64_t> MarkParameterAliases(const JointGraphView& g, const Adjacency& adj) {
@@ -86,6 +62,35 @@ std::vector<int64_t> MarkParameterAliases(const JointGraphView& g, const Adjacen
   return alias_of;
 }
 
+// --- ApplyCheckpointTags -----------------------------------------------------------------------
+// A recompute-tagged node whose recompute-tagged user lies in a later checkpoint region is the
+// boundary between two regions: it is saved (as torch.utils.checkpoint stashes region outputs),
+// unless it is a parameter alias (re-gathered from the shard in the backward, never saved).
+std::vector<RecomputeTag> ApplyCheckpointTags(const JointGraphView& g, const Adjacency& adj,
+                                              const std::vector<int64_t>& alias_of) {
+  std::vector<RecomputeTag> tags(g.num_nodes);
+  for (int64_t v = 0; v < g.num_nodes; ++v) {
+    tags[v] = static_cast<RecomputeTag>(g.recompute[v]);
+    // A random or effectful op that cannot be replayed yields a region's request: its result
+    // is saved. (MUST_RECOMPUTE on it stays, and conflicts.)
+    if (tags[v] == RecomputeTag::kPreferRecompute && ClassOf(g, v) == OpClass::kRandom &&
+        !Has(g, v, kRngReplayable))
+      tags[v] = RecomputeTag::kNone;
+  }
+  for (int64_t v = 0; v < g.num_nodes; ++v) {
+    if (!IsRecomputeTag(static_cast<RecomputeTag>(g.recompute[v])) || g.ac_graph_id[v] < 0 ||
+        alias_of[v] >= 0)
+      continue;
+    bool boundary = false;
+    adj.ForEachUser(v, [&](int64_t u) {
+      boundary |= IsRecomputeTag(static_cast<RecomputeTag>(g.recompute[u])) &&
+                  g.ac_graph_id[u] > g.ac_graph_id[v];
+    });
+    if (boundary) tags[v] = RecomputeTag::kMustSave;
+  }
+  return tags;
+}
+
 // --- BuildRematNetwork ---------------------------------------------------------------------------
 // Why an arc is +inf (or what it costs); reported on conflicts.
 enum class ArcWhy : uint8_t {
@@ -100,6 +105,7 @@ enum class ArcWhy : uint8_t {
   kBanSeed,
   kBanMustSave,
   kBanRandom,
+  kBanNotReplayable,
   kBanComputeIntensive,
   kBanNotFusible,
   kBanCollective,
@@ -114,13 +120,17 @@ const char* Describe(ArcWhy why) {
     case ArcWhy::kCannotSaveView: return "cannot be saved: a view (its base is saved instead)";
     case ArcWhy::kCannotSaveNonTensor: return "cannot be saved: not a tensor (tuple/list/object)";
     case ArcWhy::kCannotSaveSymFloat: return "cannot be saved: a SymFloat";
-    case ArcWhy::kCannotSaveTagged: return "cannot be saved: tagged MUST_RECOMPUTE/PREFER_RECOMPUTE";
+    case ArcWhy::kCannotSaveTagged: return "cannot be saved: tagged MUST_RECOMPUTE";
     case ArcWhy::kCannotSaveParameterAlias:
       return "cannot be saved: a gathered/viewed/cast alias of a parameter (ZeRO-3 marking)";
     case ArcWhy::kBanPrimal: return "cannot be recomputed: a forward input";
     case ArcWhy::kBanSeed: return "cannot be recomputed: a forward RNG seed";
     case ArcWhy::kBanMustSave: return "cannot be recomputed: tagged MUST_SAVE/PREFER_SAVE";
-    case ArcWhy::kBanRandom: return "cannot be recomputed: a random op";
+    case ArcWhy::kBanRandom:
+      return "cannot be recomputed: a random op outside a checkpoint region (its draw is saved)";
+    case ArcWhy::kBanNotReplayable:
+      return "cannot be recomputed: an effectful or unseeded random op (no RNG state to replay; "
+             "running it again repeats its effect or draws anew)";
     case ArcWhy::kBanComputeIntensive: return "cannot be recomputed: a compute-intensive op";
     case ArcWhy::kBanNotFusible: return "cannot be recomputed: not fusible (conservative policy)";
     case ArcWhy::kBanCollective: return "cannot be recomputed: a collective on a non-parameter";
@@ -137,6 +147,7 @@ struct RematNetwork {
   std::vector<double> capacities;
   std::vector<ArcWhy> why;
   std::vector<double> node_cost;  // cost of node v's arc (arc index v)
+  double request_penalty = 0.0;   // P, added to the cost of each PREFER_RECOMPUTE node
 
   void Add(int64_t u, int64_t v, double c, ArcWhy w) {
     tails.push_back(u);
@@ -158,7 +169,11 @@ bool BanReason(const JointGraphView& g, int64_t v, RecomputeTag tag, RematPolicy
     return *why = ArcWhy::kBanMustSave, true;
   if (c == OpClass::kView || c == OpClass::kGetItem || c == OpClass::kPlaceholder) return false;
   if (tag == RecomputeTag::kMustSave) return *why = ArcWhy::kBanMustSave, true;
-  if (c == OpClass::kRandom) return *why = ArcWhy::kBanRandom, true;
+  if (c == OpClass::kRandom) {
+    // Recomputed only where a region asks and the forward's draw can be replayed.
+    if (IsRecomputeTag(tag) && Has(g, v, kRngReplayable)) return false;
+    return *why = IsRecomputeTag(tag) ? ArcWhy::kBanNotReplayable : ArcWhy::kBanRandom, true;
+  }
   if (IsRecomputeTag(tag) || alias_of >= 0) return false;  // checkpoint region / ZeRO-3 alias
   if (tag == RecomputeTag::kPreferSave) return *why = ArcWhy::kBanMustSave, true;
   if (c == OpClass::kComputeIntensive) return *why = ArcWhy::kBanComputeIntensive, true;
@@ -166,6 +181,17 @@ bool BanReason(const JointGraphView& g, int64_t v, RecomputeTag tag, RematPolicy
   if (policy == RematPolicy::kConservative && !IsFusible(c))
     return *why = ArcWhy::kBanNotFusible, true;
   return false;
+}
+
+// The smallest power of two above the sum of the finite costs: a penalty that outweighs every
+// cut made of finite costs alone, and keeps integer costs exact in float64.
+double RequestPenalty(const std::vector<double>& costs) {
+  double total = 0.0;
+  for (double c : costs)
+    if (!std::isinf(c)) total += c;
+  double p = 1.0;
+  while (p <= total) p *= 2.0;
+  return p;
 }
 
 RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
@@ -193,14 +219,15 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
     materialized[v] = m;
   }
   // Node arcs first, so arc index v is node v's arc.
+  std::vector<ArcWhy> node_why(n, ArcWhy::kSaveCost);
   for (int64_t v = 0; v < n; ++v) {
     const OpClass c = ClassOf(g, v);
-    ArcWhy why = ArcWhy::kSaveCost;
     double cost;
+    ArcWhy& why = node_why[v];
     if (alias_of[v] >= 0) {
       cost = kInf, why = ArcWhy::kCannotSaveParameterAlias;
       info[v] |= kParameterAlias | kMustRecompute;
-    } else if (IsRecomputeTag(tags[v])) {
+    } else if (tags[v] == RecomputeTag::kMustRecompute) {
       cost = kInf, why = ArcWhy::kCannotSaveTagged;
       info[v] |= kMustRecompute;
     } else if (c == OpClass::kView) {
@@ -217,7 +244,14 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
       cost = (materialized[v] ? 1.0 : 2.0) * g.bytes[v];
     }
     net.node_cost[v] = cost;
-    net.Add(SplitIn(v), SplitOut(v), cost, why);
+  }
+  net.request_penalty = RequestPenalty(net.node_cost);
+  for (int64_t v = 0; v < n; ++v) {
+    if (tags[v] == RecomputeTag::kPreferRecompute && alias_of[v] < 0) {
+      info[v] |= kRecomputeRequested;
+      net.node_cost[v] += net.request_penalty;  // +inf stays +inf
+    }
+    net.Add(SplitIn(v), SplitOut(v), net.node_cost[v], node_why[v]);
   }
   for (int64_t v = 0; v < n; ++v) {
     if (info[v] & kTangentClosure) {
@@ -313,10 +347,10 @@ PartitionResult PartitionJointGraph(const JointGraphView& g, const PartitionOpti
   const Adjacency adj(g);
   PartitionResult result;
   result.node_info = ClassifyRegions(g, adj);
-  const std::vector<RecomputeTag> tags = ApplyCheckpointTags(g, adj);
   const std::vector<int64_t> alias_of = options.mark_parameter_aliases
                                             ? MarkParameterAliases(g, adj)
                                             : std::vector<int64_t>(g.num_nodes, -1);
+  const std::vector<RecomputeTag> tags = ApplyCheckpointTags(g, adj, alias_of);
   RematNetwork net = BuildRematNetwork(g, adj, tags, alias_of, options.policy, result.node_info);
   if (g.num_nodes == 0) return result;
   MinCutResult cut;
@@ -327,6 +361,7 @@ PartitionResult PartitionJointGraph(const JointGraphView& g, const PartitionOpti
   }
   result.saved_nodes = UsedCutNodes(net, cut);
   result.cut_cost = cut.value;
+  result.request_penalty = net.request_penalty;
   return result;
 }
 

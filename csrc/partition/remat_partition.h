@@ -5,18 +5,21 @@
 // Phases, each its own function:
 //   ClassifyRegions        tangent closure (nodes that depend on a backward input), nodes the
 //                          forward outputs need, nodes the backward outputs need;
-//   ApplyCheckpointTags    CheckpointPolicy tags, with the ac_graph_id boundary rule: a tagged
-//                          node feeding a later checkpoint region is saved, not recomputed;
 //   MarkParameterAliases   ZeRO-3: every node reached from a parameter through gathers, views,
 //                          casts and getitems must be recomputed, so the backward reads the
 //                          parameter (its shard) itself, never a gathered or downcast copy;
+//   ApplyCheckpointTags    CheckpointPolicy tags, with the ac_graph_id boundary rule: a tagged
+//                          node feeding a later checkpoint region is saved, not recomputed
+//                          (parameter aliases excepted: they are re-gathered, never saved);
 //   BuildRematNetwork      node-split flow network (v_in -> v_out carries the cost of saving v):
 //                            cost(v) = 0          static inputs (parameters, buffers live anyway)
 //                                      1 x bytes  materialized values (inputs, outputs of
 //                                                 non-fusible ops, values with a non-fusible user)
 //                                      2 x bytes  fusible intermediates (written in forward and
 //                                                 read in backward, else never written at all)
-//                                      +inf       views, tuples, SymFloats, must-recompute nodes
+//                                      +P         added for a PREFER_RECOMPUTE request (below)
+//                                      +inf       views, tuples, SymFloats, MUST_RECOMPUTE
+//                                                 tags, parameter aliases
 //                            source -> v_in (+inf) forward nodes that may not be recomputed
 //                            v_in -> sink (+inf)   tangent closure (computed in backward only)
 //                            v_out -> sink (+inf)  other values the backward outputs need
@@ -26,9 +29,30 @@
 //                          hold: PartitionConflictError names the chain of nodes and, for each,
 //                          the constraint that put it there.
 //
+// How the constraints rank, strongest first:
+//   1. Correctness: a random op is never run twice with a different result, and an effectful
+//      op never twice at all. Random and effectful ops are never recomputed, with one
+//      exception: a seeded random op (kRngReplayable) with a recompute tag, i.e. inside a
+//      checkpoint region, may be, because the Python side then saves its forward RNG state and
+//      replays it in the backward (torch's run_and_save_rng_state / run_with_rng_state), so
+//      the recomputation draws exactly what the forward drew.
+//   2. The ZeRO-3 marking (a must): a parameter alias is never saved. It overrides a
+//      PREFER_SAVE tag and the region-boundary rule; an explicit MUST_SAVE on one conflicts.
+//   3. MUST_RECOMPUTE / MUST_SAVE tags (musts: a conflict is an error).
+//   4. PREFER_RECOMPUTE (a request: what torch.utils.checkpoint and HF's gradient
+//      checkpointing put on every op of a region). Saving such a node costs a penalty
+//      P = the smallest power of two above the sum of every finite saving cost, so any cut
+//      that honours all requests (cost < P) beats every cut that does not, and one that must
+//      break some breaks as few as it can: where torch's partitioner (which treats the request
+//      as a must) finds a cut, this is a cut of the same constraints; where it fails, this
+//      saves the requested node instead and records it (kRecomputeRequested in node_info).
+//      Integer byte costs and a power-of-two P keep the flow arithmetic exact.
+//   5. Cost: bytes, as above. PREFER_SAVE bans recomputation of untagged nodes.
+//
 // Policies: kConservative recomputes only fusible ops (views, casts, pointwise, cheap
 // reductions); kAggressive recomputes everything except random and compute-intensive ops.
-// Random ops are never recomputed under either.
+// A recompute tag lifts both restrictions for its node (it is how a checkpoint region asks to
+// recompute a matmul).
 //
 // Complexity: O(n + m) to build, plus one max-flow on 2n + 2 nodes and n + m + O(n) arcs.
 // Deterministic: a pure function of the arrays; every rank gets the same saved set.
@@ -58,11 +82,13 @@ enum NodeInfoBit : uint8_t {
   kMustRecompute = 1u << 3,     // may not be saved (tag or parameter alias)
   kBanned = 1u << 4,            // may not be recomputed
   kParameterAlias = 1u << 5,    // marked by MarkParameterAliases
+  kRecomputeRequested = 1u << 6,  // tagged PREFER_RECOMPUTE: saving it pays the penalty P
 };
 
 struct PartitionResult {
   std::vector<int64_t> saved_nodes;  // ascending node ids: the values the forward hands over
-  double cut_cost = 0.0;             // sum of the saved nodes' costs
+  double cut_cost = 0.0;             // sum of the saved nodes' costs (penalties included)
+  double request_penalty = 0.0;      // P: the cost added for saving a PREFER_RECOMPUTE node
   std::vector<uint8_t> node_info;    // NodeInfoBit per node
 };
 

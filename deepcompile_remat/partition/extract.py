@@ -4,12 +4,19 @@ Given the saved values, building the forward and backward GraphModules is torch'
 (``_extract_fwd_bwd_modules``): it knows AOTAutograd's calling convention (saved SymInts
 first, opaque objects, static inputs, tangents). Its signature changed across releases, so
 we bind by keyword after inspecting it; torch 2.11 (GPU machine) and 2.13 (CI) both work.
+
+Random ops the cut recomputes (only seeded ones inside a checkpoint region: see
+csrc/partition/remat_partition.h) get their forward RNG state saved and replayed in the
+backward by torch's own ``functionalize_rng_ops`` (run_and_save_rng_state in the forward,
+run_with_rng_state in the backward), and ``check_no_random_op_redrawn`` then proves that no
+random op runs in both graphs without it.
 """
 from __future__ import annotations
 
 import functools
 import inspect
 
+import torch
 import torch.fx as fx
 from torch._functorch import partitioners as _tp
 
@@ -39,6 +46,11 @@ def extract_fwd_bwd_modules(
         saved_values = saved_values + saved_opaque_nodes
     fw_module, bw_module = _tp._extract_fwd_bwd_modules(
         joint_module, saved_values, saved_sym_nodes=saved_sym_nodes, **kwargs)
+    if recomputed_random_ops(fw_module, bw_module):
+        # saved_sym_nodes now holds what the backward takes: the forward returns them last.
+        fw_module, bw_module = _tp.functionalize_rng_ops(
+            joint_module, fw_module, bw_module, len(saved_sym_nodes))
+    check_no_random_op_redrawn(fw_module, bw_module)
     bw_module = _tp.reordering_to_mimic_autograd_engine(bw_module)
     raise_getitems = getattr(_tp, "raise_getitems", None)
     if raise_getitems is not None:  # getitems early: tuple outputs are freed sooner
@@ -58,3 +70,33 @@ def is_sym_node(node: fx.Node) -> bool:
 def is_opaque_node(node: fx.Node) -> bool:
     fn = getattr(_tp, "is_opaque_node", None)
     return bool(fn(node)) if fn is not None else False
+
+
+def can_replay_rng() -> bool:
+    """Whether this torch can save a forward RNG state and replay it in the backward."""
+    return hasattr(_tp, "functionalize_rng_ops")
+
+
+def is_seeded_random(node: fx.Node) -> bool:
+    """A random op whose draw is a function of the RNG state (Tag.nondeterministic_seeded):
+    replayable from a saved state."""
+    return (node.op == "call_function" and hasattr(node.target, "tags")
+            and torch.Tag.nondeterministic_seeded in node.target.tags)
+
+
+def recomputed_random_ops(fw: fx.GraphModule, bw: fx.GraphModule) -> list[str]:
+    """Seeded random ops present in both graphs: computed in the forward and again in the
+    backward."""
+    in_fw = {n.name for n in fw.graph.nodes if is_seeded_random(n)}
+    return [n.name for n in bw.graph.nodes if is_seeded_random(n) and n.name in in_fw]
+
+
+def check_no_random_op_redrawn(fw: fx.GraphModule, bw: fx.GraphModule) -> None:
+    """After RNG replay, no random op may run in both graphs as a plain op: it would draw
+    anew in the backward and the gradient would be silently wrong."""
+    redrawn = recomputed_random_ops(fw, bw)
+    if redrawn:
+        raise RuntimeError(
+            f"deepcompile_remat: internal error: random ops {redrawn} are recomputed in the "
+            "backward without replaying the forward's RNG state; the gradient would use other "
+            "random numbers than the forward. Please report this with the graph.")

@@ -17,7 +17,8 @@ import torch.utils._pytree as pytree
 from torch.utils.checkpoint import CheckpointPolicy
 
 from deepcompile_remat.fx_values import value_bytes
-from deepcompile_remat.partition.op_classes import classify
+from deepcompile_remat.partition import extract
+from deepcompile_remat.partition.op_classes import OpClass, classify
 
 
 class NodeFlag(enum.IntFlag):  # mirrors dcr::NodeFlag
@@ -30,6 +31,7 @@ class NodeFlag(enum.IntFlag):  # mirrors dcr::NodeFlag
     SYM_INT = 1 << 6
     SYM_FLOAT = 1 << 7
     MUST_BE_IN_BACKWARD = 1 << 8
+    RNG_REPLAYABLE = 1 << 9
 
 
 _TAGS = {  # CheckpointPolicy -> dcr::RecomputeTag
@@ -86,9 +88,7 @@ def _free_object_types() -> tuple:
 def is_free_object(node: fx.Node, val) -> bool:
     """A non-tensor value the backward may take by reference at no cost, as torch's partitioner
     treats it: compiled autograd's BackwardState, a (fake) script object, an opaque object."""
-    from deepcompile_remat.partition.extract import is_opaque_node
-
-    return isinstance(val, _free_object_types()) or is_opaque_node(node)
+    return isinstance(val, _free_object_types()) or extract.is_opaque_node(node)
 
 
 def is_symint_like(val) -> bool:
@@ -142,9 +142,12 @@ def export_joint_graph(
     tails: list[int] = []
     heads: list[int] = []
     primal_index = 0
+    replay = extract.can_replay_rng()
     for i, node in enumerate(nodes):
         op_class[i] = classify(node)
         f = NodeFlag(0)
+        if replay and op_class[i] == OpClass.RANDOM and extract.is_seeded_random(node):
+            f |= NodeFlag.RNG_REPLAYABLE
         if is_primal(node):
             f |= NodeFlag.PRIMAL
             if primal_index in static:

@@ -31,7 +31,7 @@ PartitionConflictError = _C.PartitionConflictError
 log = logging.getLogger(__name__)
 
 _POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPolicy.aggressive}
-_TANGENT_CLOSURE, _PARAMETER_ALIAS = 1 << 1, 1 << 5  # dcr::NodeInfoBit
+_TANGENT_CLOSURE, _PARAMETER_ALIAS, _RECOMPUTE_REQUESTED = 1 << 1, 1 << 5, 1 << 6  # NodeInfoBit
 
 
 class PartitionHook(Protocol):
@@ -97,6 +97,18 @@ def _saved_value(node: fx.Node, parameter: bool) -> report.SavedValue:
                                  str(val.dtype).replace("torch.", ""),
                                  int(value_bytes(val)), parameter)
     return report.SavedValue(node.name, (), type(val).__name__, 0, parameter)
+
+
+def _is_replay(node: fx.Node) -> bool:
+    return node.target is getattr(torch._prims.rng_prims, "run_with_rng_state", None)
+
+
+def _recomputed_name(node: fx.Node) -> str:
+    """A recomputed node's name; a random op replayed from its forward RNG state (extract.py)
+    is named after the op it runs: 'native_dropout.default (RNG replayed)'."""
+    if _is_replay(node):
+        return f"{getattr(node.args[1], '__name__', node.args[1])} (RNG replayed)"
+    return node.name
 
 
 def _ops_of(gm: fx.GraphModule) -> tuple[str, ...]:
@@ -179,16 +191,28 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
     t3 = time.perf_counter()
 
     fw_names = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
-    recomputed = tuple(n.name for n in bw_module.graph.nodes
-                       if n.op == "call_function" and n.name in fw_names)
+    recomputed = tuple(_recomputed_name(n) for n in bw_module.graph.nodes
+                       if n.op == "call_function" and (n.name in fw_names or _is_replay(n)))
+    # Forward RNG states the backward replays (extract.py): saved values too.
+    rng_states = [n for n in bw_module.graph.find_nodes(op="placeholder")
+                  if n.name.startswith("rng_state_output")]
+    against_request = tuple(graph.nodes[i].name for i in saved_ids
+                            if node_info[i] & _RECOMPUTE_REQUESTED)
+    if against_request:
+        log.info("deepcompile_remat: a checkpoint region asked to recompute %s, but they are "
+                 "saved: recomputing them is impossible (an effectful op, or an unseeded random "
+                 "op, feeds them) or would force a constraint that cannot hold",
+                 ", ".join(against_request))
     rep = report.PartitionReport(
         graph_nodes=len(graph.nodes),
         policy=config.policy,
-        saved=tuple(_saved_value(n, n.name in parameter_names) for n in saved_tensors),
+        saved=tuple(_saved_value(n, n.name in parameter_names)
+                    for n in [*saved_tensors, *rng_states]),
         saved_sym_names=tuple(n.name for n in saved_sym),
         recomputed=recomputed,
         parameter_aliases=tuple(graph.nodes[i].name
                                 for i in np.flatnonzero(node_info & _PARAMETER_ALIAS)),
+        saved_against_request=against_request,
         prepare_s=t0 - t_start, export_s=t1 - t0, solve_s=t2 - t1, extract_s=t3 - t2,
         forward_ops=_ops_of(fw_module), backward_ops=_ops_of(bw_module),
         collectives=_collectives_of("fw", fw_module) + _collectives_of("bw", bw_module),

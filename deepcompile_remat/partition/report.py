@@ -26,6 +26,7 @@ class PartitionReport:
     saved_sym_names: tuple[str, ...]
     recomputed: tuple[str, ...]  # forward nodes the backward computes again
     parameter_aliases: tuple[str, ...]  # nodes marked must-recompute by the ZeRO-3 rule
+    saved_against_request: tuple[str, ...]  # PREFER_RECOMPUTE-tagged, saved all the same
     prepare_s: float  # DCE, CSE, torch's force-save rules
     export_s: float  # FX graph -> arrays
     solve_s: float  # C++: flow network + min cut

@@ -176,8 +176,101 @@ TEST(RematPartition, CheckpointTagsAndRegionBoundaries) {
   g.bwd_outputs = {b0};
   const PartitionResult r = g.Solve();
   EXPECT_EQ(r.saved_nodes, Ids({x, act1}));  // act1 ends region 0 and feeds region 1
-  EXPECT_TRUE(r.node_info[mm1] & kMustRecompute);
-  EXPECT_TRUE(r.node_info[mm2] & kMustRecompute);
+  EXPECT_TRUE(r.node_info[mm1] & kRecomputeRequested);
+  EXPECT_TRUE(r.node_info[mm2] & kRecomputeRequested);
+  EXPECT_FALSE(r.node_info[mm1] & kMustRecompute);  // a request, not a must
+  EXPECT_LT(r.cut_cost, r.request_penalty);         // every request honoured
+}
+
+// Attention as torch.utils.checkpoint / HF gradient checkpointing traces it: SDPA is a seeded
+// random op (Tag.nondeterministic_seeded, even at dropout_p=0) returning a tuple, and every op
+// of the region is tagged PREFER_RECOMPUTE. The backward needs two of its outputs.
+struct CheckpointedAttention {
+  GraphBuilder g;
+  int64_t q, t, sdpa, out, lse;
+  explicit CheckpointedAttention(uint32_t sdpa_flags, RecomputeTag tag) {
+    q = g.Primal();
+    t = g.Tangent();
+    const int64_t qv = g.Add(OpClass::kView, {q}, 4096, 0, tag, 0);
+    sdpa = g.Add(OpClass::kRandom, {qv}, 4096, kNonTensor | sdpa_flags, tag, 0);
+    out = g.Add(OpClass::kGetItem, {sdpa}, 4096, 0, tag, 0);
+    lse = g.Add(OpClass::kGetItem, {sdpa}, 256, 0, tag, 0);
+    const int64_t y = g.Add(OpClass::kPointwise, {out}, 4096, 0, tag, 0);
+    const int64_t bw = g.Add(OpClass::kComputeIntensive, {t, qv, out, lse}, 4096);
+    g.fwd_outputs = {y};
+    g.bwd_outputs = {bw};
+  }
+};
+
+// Replayable: recomputed in the backward (its RNG state is replayed), as torch does.
+TEST(RematPartition, ReplayableRandomOpInARegionIsRecomputed) {
+  for (RecomputeTag tag : {RecomputeTag::kPreferRecompute, RecomputeTag::kMustRecompute}) {
+    CheckpointedAttention a(kRngReplayable, tag);
+    const PartitionResult r = a.g.Solve();
+    EXPECT_EQ(r.saved_nodes, Ids({a.q}));
+    EXPECT_FALSE(r.node_info[a.sdpa] & kBanned);
+  }
+}
+
+// Not replayable (an effectful op, or a random op without a seed): a PREFER_RECOMPUTE request
+// yields and the outputs are saved, never drawn twice; a MUST_RECOMPUTE is a conflict whose
+// message says why.
+TEST(RematPartition, UnreplayableRandomOpYieldsARequestAndRefusesAMust) {
+  CheckpointedAttention a(0, RecomputeTag::kPreferRecompute);
+  const PartitionResult r = a.g.Solve();
+  EXPECT_EQ(r.saved_nodes, Ids({a.q, a.out, a.lse}));
+  EXPECT_TRUE(r.node_info[a.sdpa] & kBanned);
+  EXPECT_TRUE(r.node_info[a.out] & kRecomputeRequested);
+  EXPECT_GE(r.cut_cost, r.request_penalty);  // requests were broken, and the cost says so
+
+  CheckpointedAttention must(0, RecomputeTag::kMustRecompute);
+  try {
+    must.g.Solve();
+    FAIL() << "expected PartitionConflictError";
+  } catch (const PartitionConflictError& e) {
+    EXPECT_NE(std::string(e.what()).find("effectful or unseeded"), std::string::npos) << e.what();
+  }
+}
+
+// A request breaks as few requests as it can: here one saved getitem suffices.
+TEST(RematPartition, BrokenRequestsAreTheFewestPossible) {
+  GraphBuilder g;
+  const int64_t x = g.Primal();
+  const int64_t t = g.Tangent();
+  const auto rec = RecomputeTag::kPreferRecompute;
+  const int64_t fx = g.Add(OpClass::kRandom, {x}, 4096, kNonTensor, rec, 0);  // effectful
+  const int64_t item = g.Add(OpClass::kGetItem, {fx}, 4096, 0, rec, 0);
+  const int64_t a = g.Add(OpClass::kPointwise, {item}, 4096, 0, rec, 0);
+  const int64_t b = g.Add(OpClass::kPointwise, {a}, 4096, 0, rec, 0);
+  const int64_t c = g.Add(OpClass::kPointwise, {a}, 4096, 0, rec, 0);
+  const int64_t bw = g.Add(OpClass::kPointwise, {t, b, c});
+  g.fwd_outputs = {b, c};
+  g.bwd_outputs = {bw};
+  const PartitionResult r = g.Solve();
+  EXPECT_EQ(r.saved_nodes, Ids({item}));
+  EXPECT_LT(r.cut_cost, 2 * r.request_penalty);
+}
+
+// ZeRO-3 marking against save tags: a gathered weight read by two checkpoint regions is not a
+// region boundary (it is re-gathered), and PREFER_SAVE on it yields to the marking.
+TEST(RematPartition, ParameterAliasesOverrideBoundariesAndPreferSave) {
+  for (RecomputeTag gather_tag : {RecomputeTag::kPreferRecompute, RecomputeTag::kPreferSave}) {
+    GraphBuilder g;
+    const int64_t w = g.Parameter();
+    const int64_t x = g.Primal();
+    const int64_t t = g.Tangent();
+    const auto rec = RecomputeTag::kPreferRecompute;
+    const int64_t gathered = g.Add(OpClass::kGather, {w}, 8192, 0, gather_tag, 0);
+    const int64_t y1 = g.Add(OpClass::kComputeIntensive, {x, gathered}, 4096, 0, rec, 0);
+    const int64_t y2 = g.Add(OpClass::kComputeIntensive, {y1, gathered}, 4096, 0, rec, 1);
+    const int64_t b2 = g.Add(OpClass::kComputeIntensive, {t, gathered});
+    const int64_t b1 = g.Add(OpClass::kComputeIntensive, {b2, gathered, y1});
+    g.fwd_outputs = {y2};
+    g.bwd_outputs = {b1};
+    const PartitionResult r = g.Solve();
+    EXPECT_EQ(r.saved_nodes, Ids({w, y1})) << static_cast<int>(gather_tag);
+    EXPECT_TRUE(r.node_info[gathered] & kParameterAlias);
+  }
 }
 
 TEST(RematPartition, MustSaveTag) {
