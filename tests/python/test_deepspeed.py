@@ -19,32 +19,19 @@ import deepcompile_remat as dcr  # noqa: E402
 from deepcompile_remat import zero3  # noqa: E402
 from deepcompile_remat.bench.models import GPT  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
+from ds_utils import (assert_deepspeed_never_gathered, ds_config, full_fp32_params,  # noqa: E402
+                      rank_env)
 from graph_checks import capture_partitions, parameter_copies_saved  # noqa: E402
 
 STEPS = 5
 MICRO_BATCH, SEQ = 2, 16
 
 
-def _rank_env(rank, world):
-    os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
-
-
 def _config(precision, on, kind="eager", **extra):
-    cfg = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": 1,
-           # Gradient norms here run 0.3 -> 0.65: the first steps are not clipped (a gradient of
-           # the wrong scale changes them), the last ones are (DeepSpeed's clipping reads the
-           # norm from the partitions we fill).
-           "gradient_clipping": 0.4, "steps_per_print": 10 ** 6,
-           "zero_allow_untested_optimizer": True,
-           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
-    if precision == "bf16":
-        cfg["bf16"] = {"enabled": True}
-    else:
-        cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
-    cfg["deepcompile_remat"] = {"enabled": on, "backend": kind}
-    cfg.update(extra)
-    return cfg
+    # Gradient norms here run 0.3 -> 0.65: the first steps are not clipped (a gradient of the
+    # wrong scale changes them), the last ones are (DeepSpeed's clipping reads the norm from
+    # the partitions we fill).
+    return ds_config(precision, on, kind, micro_batch=MICRO_BATCH, clipping=0.4, **extra)
 
 
 def _engine(config, seed=0):
@@ -77,23 +64,8 @@ def _train(engine, rank, micro_steps, norms=None):
     return torch.stack(losses)
 
 
-def _full_params(engine):
-    """The fp32 master weights, gathered (every rank calls it)."""
-    from deepspeed.utils import safe_get_full_fp32_param
-
-    return {n: safe_get_full_fp32_param(p).clone() for n, p in engine.module.named_parameters()}
-
-
-def _assert_deepspeed_never_gathered(engine):
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
-    for name, p in engine.module.named_parameters():
-        assert p.ds_status == ZeroParamStatus.NOT_AVAILABLE and p.data.numel() == 0, \
-            f"{name}: DeepSpeed gathered it ({p.ds_status}, {p.data.numel()} elements)"
-
-
 def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
-    _rank_env(rank, world)
+    rank_env(rank, world)
     extra = {"gradient_accumulation_steps": gas, "zero_optimization": {
         "stage": 3, "stage3_param_persistence_threshold": persistence_threshold}}
     micro_steps = range(STEPS * gas)
@@ -101,7 +73,7 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
     assert getattr(stock, "dcr_takeover", None) is None
     ref_norms, norms = [], []
     ref_losses = _train(stock, rank, micro_steps, ref_norms)
-    ref = _full_params(stock)
+    ref = full_fp32_params(stock)
 
     ours = _engine(_config(precision, True, kind, **extra))
     assert ours.dcr_takeover is not None
@@ -109,13 +81,13 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
     # (its fp32 master, aliased) under "torch_autocast".
     kept = torch.bfloat16 if precision == "bf16" else torch.float32
     assert {leaf.dtype for _, leaf in ours.dcr_takeover.leaves} == {kept}
-    initial = _full_params(ours)
+    initial = full_fp32_params(ours)
     zero3.CommStats.reset()
     with capture_partitions() as graphs:
         losses = _train(ours, rank, micro_steps, norms)
     assert zero3.CommStats.allgather_calls > 0 and zero3.CommStats.reduce_scatter_bytes > 0
-    _assert_deepspeed_never_gathered(ours)
-    full = _full_params(ours)
+    assert_deepspeed_never_gathered(ours)
+    full = full_fp32_params(ours)
 
     # Measured here: losses within 2.2e-4, fp32 master weights within 6.5e-4 after 5 steps
     # that move them by ~0.2 (bf16 forward/backward in another op order: compiled vs eager).
@@ -165,7 +137,7 @@ def test_gradient_accumulation_and_persistent_parameters_match_stock_zero3():
 
 
 def _checkpoint_round_trip(rank, world, path):
-    _rank_env(rank, world)
+    rank_env(rank, world)
     cfg = _config("bf16", True)
     engine = _engine(cfg)
     _train(engine, rank, range(3))
@@ -248,7 +220,7 @@ def test_deepcompile_without_cuda_is_an_error():
 
 
 def _disabled_and_unsupported(rank, world):
-    _rank_env(rank, world)
+    rank_env(rank, world)
     import deepcompile_remat.deepspeed as dcr_ds
 
     # Disabled: plain deepspeed.initialize, DeepSpeed's hooks in place, nothing compiled.
