@@ -26,11 +26,9 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from deepcompile_remat.config import RematConfig
+from deepcompile_remat.config import BACKEND_KINDS, RematConfig
 from deepcompile_remat.partition import partitioner
 from deepcompile_remat.zero3.hooks import Zero3Hooks
-
-KINDS = ("eager", "inductor")
 
 
 def make_partition_fn(config: Optional[RematConfig] = None, *,
@@ -171,8 +169,8 @@ def backend(kind: str = "inductor", config: Optional[RematConfig] = None, *,
     """A torch.compile backend of the given kind ("eager" or "inductor"). config=None means
     RematConfig() (on, defaults); RematConfig(enabled=False) compiles with torch's partitioner.
     on_partition(fw_module, bw_module, example_inputs): see the module docstring."""
-    if kind not in KINDS:
-        raise ValueError(f"backend kind must be one of {KINDS}, got {kind!r}")
+    if kind not in BACKEND_KINDS:
+        raise ValueError(f"backend kind must be one of {BACKEND_KINDS}, got {kind!r}")
     config = config if config is not None else RematConfig()
     if not isinstance(config, RematConfig):
         raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")

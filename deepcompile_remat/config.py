@@ -1,31 +1,39 @@
 """RematConfig: the single source of truth for what deepcompile_remat does.
 
-Built in code (``RematConfig(policy="aggressive")``) or from the ``"deepcompile_remat"`` block of a
-DeepSpeed JSON config (``RematConfig.from_dict``); every field is validated on construction and
-an unknown key or a bad value raises ValueError naming it.
+Built in code (``RematConfig(policy="aggressive")``, keywords only) or from the
+``"deepcompile_remat"`` block of a DeepSpeed JSON config (``RematConfig.from_dict``). Every
+field is checked on construction by one validator that reads the field's type: a bool must be
+``true``/``false`` (not 1), a number must be a finite number (not ``true``, not NaN), a choice
+must be one of its ``Literal`` values; an unknown key or a bad value raises ValueError naming the
+field, what it takes and what it got.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Optional
 
-POLICIES = ("conservative", "aggressive")
-ASYNC_GATHERS = ("auto", "on", "off")
+Policy = Literal["conservative", "aggressive"]
+AsyncGathers = Literal["auto", "on", "off"]
+BackendKind = Literal["eager", "inductor"]
+BACKEND_KINDS = typing.get_args(BackendKind)  # what deepcompile_remat.backend(kind) takes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RematConfig:
     enabled: bool = True
     """False: the product is off. The backends compile with torch's own partitioner
     (min_cut_rematerialization_partition), no ZeRO-3 marking, no graph passes, no reports;
     what a DeepSpeed config with an absent or disabled block gets."""
-    policy: str = "conservative"
+    policy: Policy = "conservative"
     """conservative: recompute only fusible ops (pointwise, views, casts, cheap reductions).
-    aggressive: recompute everything except random and compute-intensive ops."""
+    aggressive: recompute everything except random and compute-intensive ops. A checkpoint
+    region's tags lift both for the ops they tag."""
     mark_parameter_aliases: bool = True
     """ZeRO-3 marking: gathered, viewed and cast parameter aliases are never saved."""
-    parameter_indices: Optional[Sequence[int]] = None
+    parameter_indices: Optional[tuple[int, ...]] = None
     """Primal indices that are parameters; None: taken from the backend (nn.Parameter inputs)
     or, failing that, AOTAutograd's static_lifetime_input_indices."""
     cast_before_gather: bool = True
@@ -34,15 +42,15 @@ class RematConfig:
     schedule_gathers: bool = True
     """ZeRO-3: place each gather just before its first use, prefetch within the budget, and
     bucket small gathers (csrc/schedule)."""
-    max_prefetch: int = 2
+    max_prefetch: int = field(default=2, metadata={"min": 0})
     """How many compute steps ahead a gather may be issued."""
     prefetch_budget_bytes: float = -1.0
     """Simulated peak a prefetch may reach; < 0: no higher than without prefetch."""
-    bucket_bytes: int = 1 << 16
+    bucket_bytes: int = field(default=1 << 16, metadata={"min": 0})
     """Gathers of at most this many bytes that land at one point share one collective; in the
     backward, gradients of at most this many bytes share reduce-scatters of at most this many
     bytes in all. 0: no buckets."""
-    async_gathers: str = "auto"
+    async_gathers: AsyncGathers = "auto"
     """Issue a gather the schedule moved ahead of its use as an async start/wait pair (torch's
     functional collectives) so communication overlaps compute. "auto": only where the
     collective runs on its own stream (NCCL); gloo on CPU shares the cores it would overlap
@@ -51,51 +59,21 @@ class RematConfig:
     outstanding (scripts/repro_gloo_functional_collectives.py)."""
     cse: bool = True
     """Run FX common-subexpression elimination on the joint graph before the cut."""
-    keep_reports: int = 1000
+    keep_reports: int = field(default=1000, metadata={"min": 0})
     """How many PartitionReports this process keeps (oldest dropped first)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ValueError(f"RematConfig.enabled must be true or false, got {self.enabled!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(
-                f"RematConfig.policy must be one of {POLICIES}, got {self.policy!r}")
-        if not isinstance(self.mark_parameter_aliases, bool):
-            raise ValueError("RematConfig.mark_parameter_aliases must be a bool, got "
-                             f"{type(self.mark_parameter_aliases).__name__}")
-        if not isinstance(self.cast_before_gather, bool):
-            raise ValueError("RematConfig.cast_before_gather must be a bool, got "
-                             f"{type(self.cast_before_gather).__name__}")
-        if self.async_gathers not in ASYNC_GATHERS:
-            raise ValueError(f"RematConfig.async_gathers must be one of {ASYNC_GATHERS}, "
-                             f"got {self.async_gathers!r}")
-        if not isinstance(self.cse, bool):
-            raise ValueError(f"RematConfig.cse must be a bool, got {type(self.cse).__name__}")
-        if self.parameter_indices is not None:
-            idx = tuple(self.parameter_indices)
-            for i, v in enumerate(idx):
-                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                    raise ValueError(
-                        f"RematConfig.parameter_indices[{i}] must be a non-negative int, got {v!r}")
-            object.__setattr__(self, "parameter_indices", idx)
-        for name in ("schedule_gathers",):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"RematConfig.{name} must be a bool")
-        for name in ("max_prefetch", "bucket_bytes"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"RematConfig.{name} must be an int >= 0, got {v!r}")
-        if not isinstance(self.prefetch_budget_bytes, (int, float)):
-            raise ValueError("RematConfig.prefetch_budget_bytes must be a number")
-        if not isinstance(self.keep_reports, int) or self.keep_reports < 0:
-            raise ValueError(f"RematConfig.keep_reports must be an int >= 0, got {self.keep_reports!r}")
+        hints = _type_hints()
+        for f in dataclasses.fields(self):
+            value = _checked(f, hints[f.name], getattr(self, f.name))
+            object.__setattr__(self, f.name, value)
 
     @classmethod
     def from_dict(cls, block: Mapping[str, Any], *, where: str = "deepcompile_remat") -> "RematConfig":
         """Builds a config from a JSON block; unknown keys are errors (typos must not pass)."""
         if not isinstance(block, Mapping):
             raise ValueError(f"{where} must be a JSON object, got {type(block).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = field_names()
         for key in block:
             if key not in known:
                 raise ValueError(f"{where}: unknown key {key!r}; known keys: {sorted(known)}")
@@ -108,3 +86,85 @@ class RematConfig:
     def disabled(cls) -> "RematConfig":
         """The off state: torch's partitioner, nothing of ours."""
         return cls(enabled=False)
+
+    def as_dict(self) -> dict:
+        """Every field, JSON-able (what ranks compare: deepspeed/engine.py, zero3.shard)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if out["parameter_indices"] is not None:
+            out["parameter_indices"] = list(out["parameter_indices"])
+        return out
+
+
+def field_names() -> frozenset:
+    return frozenset(f.name for f in dataclasses.fields(RematConfig))
+
+
+_HINTS: dict = {}
+
+
+def _type_hints() -> dict:
+    if not _HINTS:
+        _HINTS.update(typing.get_type_hints(RematConfig))
+    return _HINTS
+
+
+def _checked(f: dataclasses.Field, hint, value):
+    """value, validated against the field's type (and its metadata's "min"); normalised where
+    JSON cannot say it (a list of indices becomes a tuple)."""
+    name = f"RematConfig.{f.name}"
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices or isinstance(value, bool):
+            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        if value < f.metadata.get("min", -math.inf):
+            raise ValueError(f"{name} must be >= {f.metadata['min']}, got {value!r}")
+        return value
+    if hint is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        return float(value)
+    if f.name == "parameter_indices":  # Optional[tuple[int, ...]]
+        if value is None:
+            return None
+        if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+            raise ValueError(f"{name} must be a list of non-negative integers, got {value!r}")
+        indices = tuple(value)
+        for i, v in enumerate(indices):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name}[{i}] must be a non-negative integer, got {v!r}")
+        return indices
+    raise TypeError(f"{name}: no validator for type {hint!r}")  # a field added without one
+
+
+def check_ranks_agree(settings: dict, where: str, group=None) -> None:
+    """Every rank of `group` (default: the world) must hold the same settings; raises on every
+    rank, naming the first differing key (in the settings' order) and which ranks hold which
+    value. A no-op without a process group of several ranks."""
+    import torch.distributed as dist  # here, so reading a config needs no torch
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) < 2:
+        return
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, settings, group=group)
+    ranks = dist.get_process_group_ranks(group) if group is not None else range(len(everyone))
+    for key in dict.fromkeys(k for theirs in everyone for k in theirs):
+        values: dict = {}
+        for rank, theirs in zip(ranks, everyone):
+            values.setdefault(repr(theirs.get(key, "<absent>")), []).append(rank)
+        if len(values) > 1:
+            held = "; ".join(f"{v} on rank{'s' if len(r) > 1 else ''} "
+                             f"{', '.join(map(str, r))}" for v, r in values.items())
+            raise ValueError(
+                f"{where}: ranks disagree on {key}: {held}. Every rank must use the same "
+                f"config, or the ranks build different engines and hang in their first "
+                f"mismatched collective.")

@@ -5,7 +5,9 @@ Symbolic sizes are costed by their hints (fallback 4096 elements, as torch's par
 in a single process. Under a process group of several ranks they are costed rank-independently
 instead (every free symbol = 4096): each rank's hints are the sizes it happened to see first,
 and ranks that cost one symbolic graph differently cut it differently, re-gather different
-weights and hang in mismatched collectives.
+weights and hang in mismatched collectives. That cost decides; it is not what a report shows:
+observed_bytes is the size at this process's hints (the sizes it compiled the graph for) and
+symbolic_bytes the formula.
 """
 from __future__ import annotations
 
@@ -36,10 +38,10 @@ def _rank_independent_size(x) -> int:
         return SYMBOL_SIZE_WITHOUT_HINT
 
 
-def _hint(x) -> int:
+def _hint(x, rank_independent: bool) -> int:
     if isinstance(x, int):
         return x
-    if _several_ranks():
+    if rank_independent:
         return _rank_independent_size(x)
     from torch.fx.experimental import symbolic_shapes as ss
 
@@ -48,13 +50,34 @@ def _hint(x) -> int:
     return int(hint(x, fallback=SYMBOL_SIZE_WITHOUT_HINT))
 
 
-def value_bytes(val) -> float:
-    """Bytes a saved value costs (tensors by their hinted numel; 0 for non-tensors)."""
+def _bytes(val, rank_independent: bool) -> int:
     if isinstance(val, torch.Tensor):
-        return float(_hint(val.numel()) * val.element_size())
+        return _hint(val.numel(), rank_independent) * val.element_size()
     if isinstance(val, (list, tuple)):
-        return float(sum(value_bytes(v) for v in val))
-    return 0.0
+        return sum(_bytes(v, rank_independent) for v in val)
+    return 0
+
+
+def value_bytes(val) -> float:
+    """Bytes a saved value costs in the cut (tensors by their numel; 0 for non-tensors):
+    rank-independent under several ranks (module docstring)."""
+    return float(_bytes(val, _several_ranks()))
+
+
+def observed_bytes(val) -> int:
+    """Bytes of a value at the sizes this process compiled its graph for (its size hints)."""
+    return _bytes(val, False)
+
+
+def symbolic_bytes(val) -> str | None:
+    """The byte size of a tensor with symbolic sizes as a formula of its size symbols ("8*s0");
+    None where the size is static."""
+    if not isinstance(val, torch.Tensor):
+        return None
+    numel = val.numel()
+    if isinstance(numel, int):
+        return None
+    return str(numel.node.expr * val.element_size())
 
 
 def is_view(node: fx.Node) -> bool:

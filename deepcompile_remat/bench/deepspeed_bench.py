@@ -1,7 +1,10 @@
 """bench-deepspeed: stock DeepSpeed ZeRO-3 against the same engine with the flag on, CPU ranks.
 
-Setups (same GPT, same seed, same ds_config apart from the "deepcompile_remat" block; torch's
-AdamW as the client optimizer; DeepSpeed on its CPU accelerator over gloo):
+Setups (same model, same seed, same ds_config apart from the "deepcompile_remat" block; torch's
+AdamW as the client optimizer; DeepSpeed on its CPU accelerator over gloo). The model is the
+built-in GPT, or a transformers model (--model llama|qwen2|gpt2|path/to/config.json, random
+weights, dropout off so the setups draw nothing different), optionally with HF's activation
+checkpointing (--checkpointing):
   stock           deepspeed.initialize, block disabled: DeepSpeed's eager ZeRO-3 (module hooks
                   gather before each submodule and release after)
   stock-compiled  the same plus engine.compile(backend="inductor"): what a DeepSpeed user gets
@@ -14,7 +17,8 @@ optimizer step's fp32 temporaries, the same in every setup, can hide the differe
 ways: the CPU allocator's running total in the profiler (profile.memory.peak_over_profile)
 and sampled glibc malloc (MallocPeak: see why); the median step time after two warm-up steps
 (the compile), wall clock and this process's CPU time (all its threads: steadier than the wall
-clock on a machine shared with other jobs). The last loss shows the setups train alike.
+clock on a machine shared with other jobs). Every step's loss is kept: the largest difference
+from stock's shows the setups train alike.
 """
 from __future__ import annotations
 
@@ -87,6 +91,25 @@ def _mallinfo2():
     return fn
 
 
+def _model(a: argparse.Namespace):
+    """(model, loss(engine, idx)): the built-in GPT or a transformers model."""
+    if a.model == "gpt":
+        from deepcompile_remat.bench.models import GPT
+
+        if a.checkpointing:
+            raise ValueError("--checkpointing needs a transformers --model (HF's own "
+                             "activation checkpointing)")
+        model = GPT(vocab=a.vocab, d=a.hidden, layers=a.layers, heads=a.heads, max_t=a.seq)
+        return model, lambda engine, idx: engine(idx).float().logsumexp(-1).mean()
+    from deepcompile_remat.bench import hf_models
+
+    model = hf_models.build(a.model, vocab=a.vocab, hidden=a.hidden, layers=a.layers,
+                            heads=a.heads, kv_heads=a.heads, seq=a.seq, dropout=0.0)
+    if a.checkpointing:
+        hf_models.enable_checkpointing(model, use_reentrant=False)
+    return model, lambda engine, idx: engine(input_ids=idx, labels=idx).loss
+
+
 def ds_config(setup: str, a: argparse.Namespace) -> dict:
     cfg = {"train_micro_batch_size_per_gpu": a.batch, "steps_per_print": 10 ** 9,
            "zero_allow_untested_optimizer": True,
@@ -109,7 +132,6 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    from deepcompile_remat.bench.models import GPT
     from deepcompile_remat.profile.memory import peak_over_profile
     from deepcompile_remat.deepspeed import initialize
 
@@ -121,17 +143,19 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
     for setup in a.setups:
         torch._dynamo.reset()
         torch.manual_seed(0)
-        model = GPT(vocab=a.vocab, d=a.hidden, layers=a.layers, heads=a.heads, max_t=a.seq)
+        model, loss_of = _model(a)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         engine, *_ = initialize(model=model, optimizer=opt, config=ds_config(setup, a))
         if setup == "stock-compiled":
             engine.compile(backend="inductor")
         g = torch.Generator().manual_seed(rank)
         idx = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
+        losses = []
 
         def forward_backward():
-            loss = engine(idx).float().logsumexp(-1).mean()
+            loss = loss_of(engine, idx)
             engine.backward(loss)
+            losses.append(loss.item())
             return loss.item()
 
         def step():
@@ -168,6 +192,7 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
                      "malloc_fwd_bwd_peak_mb": malloc_fwd_bwd.peak / 2**20,
                      "step_ms": 1e3 * sorted(times)[len(times) // 2],
                      "cpu_ms": 1e3 * sorted(cpu_times)[len(cpu_times) // 2], "loss": loss,
+                     "losses": losses,
                      "taken_over": getattr(engine, "dcr_takeover", None) is not None})
         engine.destroy()
         del engine, model, opt
@@ -177,6 +202,11 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--model", default="gpt",
+                        help='"gpt" (built-in), a transformers preset (llama, qwen2, gpt2) or the '
+                             "path of a transformers config.json (random weights)")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="HF's activation checkpointing on every layer (transformers models)")
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=1024)
@@ -213,17 +243,25 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     knobs = "parameters released after use" if args.release_params else "DeepSpeed's defaults"
-    print(f"GPT {args.layers} layers, hidden {args.hidden}, batch {args.batch}x{args.seq}, "
+    model = "GPT" if args.model == "gpt" else args.model
+    ckpt = ", activation checkpointing" if args.checkpointing else ""
+    print(f"{model} {args.layers} layers, hidden {args.hidden}{ckpt}, batch {args.batch}x{args.seq}, "
           f"{args.world} CPU ranks (gloo), DeepSpeed ZeRO-3 ({knobs}), {args.precision}, ours "
           f"with {args.backend}; per rank, whole training steps:")
     print("peak MB above the step's start: whole step and forward+backward alone, from the "
           "profiler's CPU allocator total (alloc; over-counts frees made in gloo's threads) and "
           "from sampled glibc malloc (malloc)")
     print(f"{'setup':<15} {'rank':>4} {'alloc step':>11} {'alloc f+b':>10} {'malloc step':>12} "
-          f"{'malloc f+b':>11} {'step ms':>9} {'cpu ms':>8} {'last loss':>10}")
+          f"{'malloc f+b':>11} {'step ms':>9} {'cpu ms':>8} {'last loss':>10} "
+          f"{'loss diff':>9}")
+    stock = {r["rank"]: r for r in rows if r["setup"] == "stock"}
     for r in rows:
+        ref = stock.get(r["rank"])
+        diff = (max(abs(x - y) for x, y in zip(r["losses"], ref["losses"]))
+                if ref is not None else float("nan"))
         print(f"{r['setup']:<15} {r['rank']:>4} {r['peak_mb']:>11.1f} "
               f"{r['fwd_bwd_peak_mb']:>10.1f} "
               f"{r['malloc_peak_mb']:>12.1f} {r['malloc_fwd_bwd_peak_mb']:>11.1f} "
-              f"{r['step_ms']:>9.1f} {r['cpu_ms']:>8.1f} {r['loss']:>10.4f}")
+              f"{r['step_ms']:>9.1f} {r['cpu_ms']:>8.1f} {r['loss']:>10.4f} {diff:>9.1e}")
+    print("loss diff: the largest |loss - stock's loss| over every step (same data, same seed)")
     return 0

@@ -4,7 +4,8 @@
                                                         config="configs/zero3_remat.json")
 
 config.py      the "deepcompile_remat" block: config_from_deepspeed, block_from_deepspeed
-engine.py      initialize(): deepspeed.initialize, then the takeover when the block is enabled
+engine.py      initialize(): deepspeed.initialize, then the takeover when the block is enabled;
+               install() / uninstall(): every caller of deepspeed.initialize gets ours
 takeover.py    ZeRO-3 parameters as our traced gathers, gradients into DeepSpeed's partitions
 deepcompile.py with DeepCompile on (CUDA): our partitioner in place of DeepSpeed's
 _ds_internals.py  every private DeepSpeed attribute used, in one place (deepspeed 0.19.8)
@@ -19,7 +20,7 @@ from deepcompile_remat.deepspeed.config import (
     config_from_deepspeed,
     valid_keys,
 )
-from deepcompile_remat.deepspeed.engine import initialize
+from deepcompile_remat.deepspeed.engine import initialize, install, installed, uninstall
 
 __all__ = ["BLOCK", "DeepSpeedBlock", "block_from_deepspeed", "config_from_deepspeed",
-           "initialize", "valid_keys"]
+           "initialize", "install", "installed", "uninstall", "valid_keys"]

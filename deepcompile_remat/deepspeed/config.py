@@ -1,23 +1,32 @@
-"""The "deepcompile_remat" block of a DeepSpeed JSON config.
+"""The "deepcompile_remat" block of a DeepSpeed JSON config, and reading configs the way
+DeepSpeed does.
 
     {"zero_optimization": {"stage": 3, ...}, "bf16": {"enabled": true},
      "deepcompile_remat": {"enabled": true, "backend": "inductor", "policy": "conservative"}}
 
 Its keys are the RematConfig fields plus "backend" (the torch.compile backend the DeepSpeed
-takeover compiles the module with: "inductor" or "eager"). Absent block or "enabled": false ->
-the product is off: RematConfig(enabled=False), and initialize() is plain deepspeed.initialize.
-Every key is validated, even in a disabled block, and an unknown one is an error that names it,
-the file and the valid keys, so a typo never silently changes behaviour.
+takeover compiles the module with: "inductor" or "eager"; absent: "inductor", or what
+engine.compile(backend=...) asks for). Absent block or "enabled": false -> the product is off:
+RematConfig(enabled=False), and initialize() is plain deepspeed.initialize. Every key is
+validated, even in a disabled block, and an unknown one is an error that names it, the file and
+the valid keys, so a typo never silently changes behaviour.
+
+load() reads a config as deepspeed.initialize does (deepspeed/runtime/tensor_parallel/
+init_utils.py::load_ds_config in 0.19.8): a dict as it is; a path to an HJSON file (JSON plus
+comments and trailing commas), duplicate keys refused; otherwise a base64 (urlsafe) string of
+HJSON. A config DeepSpeed accepts is accepted here, and one it refuses is refused.
 """
 from __future__ import annotations
 
-import dataclasses
+import base64
+import binascii
+import collections
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Optional, Union
 
-from deepcompile_remat.config import RematConfig
+from deepcompile_remat.config import BACKEND_KINDS, RematConfig, field_names
 
 BLOCK = "deepcompile_remat"
 DEFAULT_BACKEND = "inductor"
@@ -28,27 +37,87 @@ _EXTRA_KEYS = ("backend",)
 @dataclass(frozen=True)
 class DeepSpeedBlock:
     remat: RematConfig
-    backend: str = DEFAULT_BACKEND
+    backend_set: Optional[str] = None  # "backend" as the block gives it; None: not given
 
     @property
     def enabled(self) -> bool:
         return self.remat.enabled
 
+    @property
+    def backend(self) -> str:
+        return self.backend_set or DEFAULT_BACKEND
+
+    def as_dict(self) -> dict:
+        """Every setting the block decides, defaults included (what ranks compare)."""
+        return {**self.remat.as_dict(), "backend": self.backend}
+
 
 def valid_keys() -> list:
-    return sorted({f.name for f in dataclasses.fields(RematConfig)} | set(_EXTRA_KEYS))
+    return sorted(field_names() | set(_EXTRA_KEYS))
+
+
+def _reject_duplicate_keys(pairs):
+    counts = collections.Counter(k for k, _ in pairs)
+    duplicated = sorted(k for k, n in counts.items() if n > 1)
+    if duplicated:  # DeepSpeed's own message (runtime/config_utils.py)
+        raise ValueError(f"Duplicate keys in DeepSpeed config: {duplicated}")
+    return dict(pairs)
+
+
+def _hjson():
+    try:
+        import hjson  # a DeepSpeed dependency: present wherever DeepSpeed is
+    except ImportError:
+        return None
+    return hjson
+
+
+def _parse_file(path: str) -> Any:
+    hjson = _hjson()
+    with open(path) as f:
+        text = f.read()
+    try:
+        if hjson is not None:
+            return hjson.loads(text, object_pairs_hook=_reject_duplicate_keys)
+        return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+    except ValueError as e:  # JSONDecodeError and hjson's HjsonDecodeError are ValueErrors
+        raise ValueError(f"{path}: not a valid DeepSpeed config ({e})") from None
+
+
+def _parse_base64(text: str) -> Any:
+    try:
+        decoded = base64.urlsafe_b64decode(text).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    hjson = _hjson()
+    try:
+        data = hjson.loads(decoded) if hjson is not None else json.loads(decoded)
+    except ValueError:
+        return None
+    return data if isinstance(data, Mapping) else None  # else: most likely a mistyped path
 
 
 def load(ds_config: Union[str, os.PathLike, Mapping[str, Any]]) -> tuple:
-    """(the config as a dict, where it came from: its path, or "DeepSpeed config")."""
+    """(the config as a dict, where it came from: its path, "base64 config" or "DeepSpeed
+    config"); read by DeepSpeed's rules (module docstring). Errors name the file."""
     if isinstance(ds_config, Mapping):
         return ds_config, "DeepSpeed config"
-    where = str(ds_config)
-    with open(ds_config) as f:
-        try:
-            return json.load(f), where
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(ds_config, (str, os.PathLike)):
+        raise ValueError(f"a DeepSpeed config is a dict, a path or a base64 string, got "
+                         f"{type(ds_config).__name__}")
+    where = os.fspath(ds_config)
+    if os.path.exists(where):
+        data = _parse_file(where)
+    else:
+        data = _parse_base64(where) if isinstance(ds_config, str) else None
+        if data is None:
+            raise ValueError(f"{where}: no such DeepSpeed config file (nor a base64 string of "
+                             "a config object)")
+        where = "base64 config"
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: a DeepSpeed config must be a JSON object, got "
+                         f"{type(data).__name__}")
+    return dict(data), where
 
 
 def block_from_deepspeed(ds_config: Union[str, os.PathLike, Mapping[str, Any]]) -> DeepSpeedBlock:
@@ -66,11 +135,10 @@ def parse_block(block: Any, *, where: str = BLOCK) -> DeepSpeedBlock:
     for key in block:
         if key not in known:
             raise ValueError(f"{where}: unknown key {key!r}; valid keys: {known}")
-    from deepcompile_remat.backends import KINDS  # torch-dependent: loaded when a block is read
-
-    backend = block.get("backend", DEFAULT_BACKEND)
-    if backend not in KINDS:
-        raise ValueError(f"{where}: backend must be one of {list(KINDS)}, got {backend!r}")
+    backend = block.get("backend")
+    if backend is not None and backend not in BACKEND_KINDS:
+        raise ValueError(f"{where}: backend must be one of {list(BACKEND_KINDS)}, got "
+                         f"{backend!r}")
     remat = RematConfig.from_dict({k: v for k, v in block.items() if k not in _EXTRA_KEYS},
                                   where=where)
     return DeepSpeedBlock(remat, backend)

@@ -4,21 +4,84 @@
         model=model, optimizer=opt, config="configs/zero3_remat.json")
     loss = engine(batch); engine.backward(loss); engine.step(); engine.save_checkpoint(dir)
 
-Block absent or disabled: exactly deepspeed.initialize(...) with the arguments as given.
-Enabled: ZeRO stage 3 is required (an error otherwise, before any engine is built); the block
-is removed from the config DeepSpeed sees; then either
+Block absent or disabled: deepspeed.initialize(...) with the arguments as given. Enabled: ZeRO
+stage 3 is required (an error otherwise, before any engine is built); the block is removed from
+the config DeepSpeed sees; then either
   - DeepCompile off: take_over() (takeover.py) puts the engine's parameters under our traced
     gathers and compiles the module with our backend, or
   - DeepCompile on (CUDA only): DeepCompile runs ZeRO-3 and we replace its partitioner
     (deepcompile.py); the engine is compiled with the block's backend.
 The returned tuple is deepspeed.initialize's; the takeover is at engine.dcr_takeover.
+
+Either way, with several ranks, every rank's block (defaults filled in) and the DeepSpeed
+settings the takeover depends on are compared first: ranks that disagree would build
+different engines and hang in their first mismatched collective, so they fail at once with a
+message naming the key and the ranks.
+
+Callers that call deepspeed.initialize themselves (transformers' Trainer, Accelerate): one line
+before them, ``deepcompile_remat.deepspeed.install()``, makes deepspeed.initialize this
+function for every caller; ``uninstall()`` puts DeepSpeed's back. Both are idempotent, and this
+function always calls DeepSpeed's own initialize, never whatever deepspeed.initialize is now.
 """
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+import logging
+import sys
+from typing import Any, Callable, Mapping, Optional
 
+from deepcompile_remat.config import check_ranks_agree
 from deepcompile_remat.deepspeed.config import BLOCK, DeepSpeedBlock, load, parse_block
+
+log = logging.getLogger(__name__)
+_stock: dict = {}  # "initialize": DeepSpeed's own deepspeed.initialize, once seen
+
+
+def _remember_stock(fn) -> None:
+    if fn is not None and not getattr(fn, "_dcr_initialize", False):
+        _stock.setdefault("initialize", fn)
+
+
+_remember_stock(getattr(sys.modules.get("deepspeed"), "initialize", None))
+
+
+def stock_initialize() -> Callable:
+    """DeepSpeed's own initialize, whatever deepspeed.initialize has been replaced with."""
+    import deepspeed
+
+    _remember_stock(deepspeed.initialize)
+    if "initialize" not in _stock:
+        raise RuntimeError(
+            "deepcompile_remat: deepspeed.initialize was replaced by deepcompile_remat's "
+            "initialize before DeepSpeed's own was seen, so it cannot be called. Use "
+            "deepcompile_remat.deepspeed.install() to route every caller through ours.")
+    return _stock["initialize"]
+
+
+def install() -> None:
+    """Makes deepspeed.initialize honour the "deepcompile_remat" block for every caller that
+    looks it up when it calls (transformers' Trainer, Accelerate, `deepspeed.initialize(...)`
+    in user code). Idempotent; uninstall() reverses it. A `from deepspeed import initialize`
+    made before this keeps DeepSpeed's own."""
+    import deepspeed
+
+    stock_initialize()
+    deepspeed.initialize = initialize
+
+
+def uninstall() -> None:
+    """Puts DeepSpeed's own deepspeed.initialize back (nothing to do if install() was not
+    called)."""
+    import deepspeed
+
+    if getattr(deepspeed.initialize, "_dcr_initialize", False):
+        deepspeed.initialize = stock_initialize()
+
+
+def installed() -> bool:
+    import deepspeed
+
+    return bool(getattr(deepspeed.initialize, "_dcr_initialize", False))
 
 
 def _config_of(args, config, config_params):
@@ -33,10 +96,14 @@ def _config_of(args, config, config_params):
     return None, None
 
 
+def _stage(cfg: Mapping[str, Any]):
+    zero = cfg.get("zero_optimization") or {}
+    return zero.get("stage", 0) if isinstance(zero, Mapping) else None
+
+
 def _check_enabled_config(cfg: Mapping[str, Any], where: str) -> bool:
     """Stage 3 or a clear error; returns whether DeepCompile is on."""
-    zero = cfg.get("zero_optimization") or {}
-    stage = zero.get("stage", 0) if isinstance(zero, Mapping) else None
+    stage = _stage(cfg)
     if stage != 3:
         raise ValueError(
             f"{where}: \"{BLOCK}\" is enabled but zero_optimization.stage is {stage!r}: "
@@ -48,12 +115,40 @@ def _check_enabled_config(cfg: Mapping[str, Any], where: str) -> bool:
     return bool(compile_cfg.get("deepcompile", False))
 
 
+def _enabled(section: Any) -> Any:
+    return section.get("enabled") if isinstance(section, Mapping) else section
+
+
+def effective_settings(cfg: Mapping[str, Any], block: DeepSpeedBlock) -> dict:
+    """What every rank must agree on: the block with its defaults, and the DeepSpeed settings
+    that decide what the takeover does (stage, precision, DeepCompile)."""
+    compile_cfg = cfg.get("compile")
+    return {**{f"{BLOCK}.{k}": v for k, v in block.as_dict().items()},
+            "zero_optimization.stage": _stage(cfg),
+            "bf16.enabled": _enabled(cfg.get("bf16")),
+            "fp16.enabled": _enabled(cfg.get("fp16")),
+            "torch_autocast": cfg.get("torch_autocast"),
+            "compile.deepcompile": (compile_cfg.get("deepcompile")
+                                    if isinstance(compile_cfg, Mapping) else None)}
+
+
+def _init_distributed(distributed_port, dist_init_required) -> None:
+    """What deepspeed.initialize does first, done before it so ranks can compare configs."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    kwargs = {"dist_init_required": dist_init_required}
+    if distributed_port is not None:
+        kwargs["distributed_port"] = distributed_port
+    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
+                               **kwargs)
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
                collate_fn=None, config=None, mesh_param=None, config_params=None):
     """Same signature and return as deepspeed.initialize."""
-    import deepspeed
-
+    stock = stock_initialize()
     kwargs = dict(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
                   training_data=training_data, lr_scheduler=lr_scheduler, mpu=mpu,
                   dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
@@ -62,13 +157,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         kwargs["distributed_port"] = distributed_port
     value, source = _config_of(args, config, config_params)
     if value is None:  # deepspeed's own error
-        return deepspeed.initialize(**kwargs)
+        return stock(**kwargs)
     cfg, where = load(value)
     block = parse_block(cfg.get(BLOCK), where=f"{where}: {BLOCK}")
-    if not block.enabled:
-        return deepspeed.initialize(**kwargs)
-
-    deepcompile_on = _check_enabled_config(cfg, where)
+    # This rank's own checks first: a rank that fails here exits, and the launcher ends the rest.
+    deepcompile_on = block.enabled and _check_enabled_config(cfg, where)
     if deepcompile_on:
         import torch
 
@@ -76,16 +169,26 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             raise ValueError(f"{where}: compile.deepcompile is true, but DeepCompile needs CUDA "
                              "and none is available; set it false to let deepcompile_remat "
                              "take over ZeRO-3 itself")
+    # Then every rank's view of the config, before any rank builds an engine from it.
+    if dist_init_required is not False:
+        _init_distributed(distributed_port, dist_init_required)
+    check_ranks_agree(effective_settings(cfg, block), where)
+    if not block.enabled:
+        return stock(**kwargs)
+
     # DeepSpeed accepts the unknown top-level block silently today; it is ours, not its.
     stripped = {k: v for k, v in cfg.items() if k != BLOCK}
     kwargs.update(config=stripped, config_params=None)
     if source == "args.deepspeed_config":
         kwargs["args"] = copy.copy(args)
         kwargs["args"].deepspeed_config = None
-    result = deepspeed.initialize(**kwargs)
+    result = stock(**kwargs)
     engine = result[0]
     _attach(engine, block, deepcompile_on)
     return result
+
+
+initialize._dcr_initialize = True  # how install()/stock_initialize() recognise ours
 
 
 def _attach(engine, block: DeepSpeedBlock, deepcompile_on: bool) -> None:
@@ -102,3 +205,12 @@ def _attach(engine, block: DeepSpeedBlock, deepcompile_on: bool) -> None:
     from deepcompile_remat.deepspeed.takeover import take_over
 
     engine.dcr_takeover = take_over(engine, block)
+
+
+def requested_kind(backend: Any) -> Optional[str]:
+    """Our backend kind for what engine.compile(backend=...) names: "inductor" is inductor,
+    "eager" and "aot_eager" (AOTAutograd, FX graphs run as they are) are our eager; anything
+    else (a callable, cudagraphs, ...) has no counterpart: None."""
+    if isinstance(backend, str):
+        return {"inductor": "inductor", "eager": "eager", "aot_eager": "eager"}.get(backend)
+    return None

@@ -47,6 +47,7 @@ class Takeover:
     """What initialize() attached to the engine (engine.dcr_takeover)."""
 
     block: DeepSpeedBlock
+    kind: str = ""  # the backend kind the module's forward is compiled with now
     leaves: list = field(default_factory=list)  # (DeepSpeed parameter, shard leaf)
     written: set = field(default_factory=set)  # ds_ids whose slot this micro-batch has written
     handles: list = field(default_factory=list)
@@ -116,6 +117,40 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
     return hook
 
 
+def _engine_compile(takeover: Takeover, block: DeepSpeedBlock, compile_forward):
+    """engine.compile on a taken-over engine (what Trainer/Accelerate call for torch_compile):
+    the module is compiled already, with our backend. A request for another backend is
+    honoured when the block leaves "backend" unset and ours has that kind; otherwise it is
+    refused with a warning that says which backend runs and why."""
+
+    def compile(backend=None, compile_kwargs=None, **_ignored):  # noqa: A001
+        from deepcompile_remat.deepspeed.engine import requested_kind
+
+        kind = requested_kind(backend) if backend is not None else takeover.kind
+        if kind == takeover.kind:
+            log.info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
+                     "with deepcompile_remat's %s backend already", backend, kind)
+        elif block.backend_set is not None:
+            log.warning("deepcompile_remat: engine.compile(backend=%r) not honoured: the "
+                        "\"deepcompile_remat\" block sets \"backend\": %r, which compiles the "
+                        "module (remove it from the block to let engine.compile choose)",
+                        backend, block.backend_set)
+        elif kind is None:
+            log.warning("deepcompile_remat: engine.compile(backend=%r) not honoured: "
+                        "deepcompile_remat compiles the module with its own partitioner, on "
+                        "\"inductor\" or \"eager\" (aot_eager) only; it stays on %r",
+                        backend, takeover.kind)
+        else:
+            compile_forward(kind)
+            log.info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
+                     "with deepcompile_remat's %s backend", backend, kind)
+        if compile_kwargs:
+            log.info("deepcompile_remat: engine.compile's compile_kwargs %s are not used",
+                     sorted(compile_kwargs))
+
+    return compile
+
+
 def take_over(engine, block: DeepSpeedBlock) -> Takeover:
     from deepcompile_remat.backends import backend
 
@@ -156,13 +191,14 @@ def take_over(engine, block: DeepSpeedBlock) -> Takeover:
 
     takeover.handles.append(module.register_forward_pre_hook(before_forward))
     # Only forward is compiled: the hook above stays eager.
-    module.forward = torch.compile(module.forward, backend=backend(block.backend, block.remat))
+    forward = module.forward
 
-    def compile(*_args, **_kwargs):  # noqa: A001  (shadows engine.compile on this engine)
-        log.info("deepcompile_remat: engine.compile() ignored: initialize() compiled the module "
-                 "with the block's backend (%s) already", block.backend)
+    def compile_forward(kind: str) -> None:
+        module.forward = torch.compile(forward, backend=backend(kind, block.remat))
+        takeover.kind = kind
 
-    engine.compile = compile
+    compile_forward(block.backend)
+    engine.compile = _engine_compile(takeover, block, compile_forward)
     log.info("deepcompile_remat: took over %d DeepSpeed ZeRO-3 parameters (backend %s)",
              len(takeover.leaves), block.backend)
     return takeover

@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.config import RematConfig
-from deepcompile_remat.fx_values import value_bytes
+from deepcompile_remat.fx_values import observed_bytes, symbolic_bytes
 from deepcompile_remat.partition import extract, fx_export, report
 
 PartitionConflictError = _C.PartitionConflictError
@@ -95,7 +95,7 @@ def _saved_value(node: fx.Node, parameter: bool) -> report.SavedValue:
         return report.SavedValue(node.name, tuple(str(s) if not isinstance(s, int) else s
                                                   for s in val.shape),
                                  str(val.dtype).replace("torch.", ""),
-                                 int(value_bytes(val)), parameter)
+                                 observed_bytes(val), parameter, symbolic_bytes(val))
     return report.SavedValue(node.name, (), type(val).__name__, 0, parameter)
 
 

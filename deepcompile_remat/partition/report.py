@@ -12,10 +12,11 @@ log = logging.getLogger("deepcompile_remat.partition")
 @dataclass(frozen=True)
 class SavedValue:
     name: str
-    shape: tuple
+    shape: tuple  # ints, or the symbolic size's formula ("s0") where dynamic
     dtype: str
-    bytes: int
+    bytes: int  # at the sizes this process compiled the graph for (its size hints)
     parameter: bool  # a parameter (ZeRO-3: its shard), free to keep
+    bytes_symbolic: str | None = None  # the byte size as a formula ("256*s0"); None: static
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,14 @@ class PartitionReport:
 
     @property
     def saved_bytes(self) -> int:
+        """At the sizes this process compiled for (SavedValue.bytes)."""
         return sum(v.bytes for v in self.saved)
+
+    @property
+    def symbolic(self) -> bool:
+        """Some saved size is symbolic (dynamic shapes): byte counts are at the sizes seen
+        when compiling, and the cut costed each size symbol as 4096 under several ranks."""
+        return any(v.bytes_symbolic is not None for v in self.saved)
 
     @property
     def saved_activation_bytes(self) -> int:
@@ -50,7 +58,9 @@ class PartitionReport:
                 f"{len(self.saved)} tensors / {self.saved_bytes} bytes "
                 f"({self.saved_activation_bytes} non-parameter), {len(self.saved_sym_names)} "
                 f"symints, recomputed {len(self.recomputed)} ops, "
-                f"{len(self.parameter_aliases)} parameter aliases; prepare "
+                f"{len(self.parameter_aliases)} parameter aliases"
+                f"{' (symbolic sizes: bytes at the sizes compiled for)' if self.symbolic else ''}"
+                f"; prepare "
                 f"{self.prepare_s * 1e3:.1f} ms, export "
                 f"{self.export_s * 1e3:.1f} ms, solve {self.solve_s * 1e3:.1f} ms, extract "
                 f"{self.extract_s * 1e3:.1f} ms")

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from deepcompile_remat.config import RematConfig, check_ranks_agree
 from deepcompile_remat.zero3 import ops  # noqa: F401  (registers torch.ops.dcr.*)
 from deepcompile_remat.zero3.guard import GatheredCopy, guard
 
@@ -189,11 +190,11 @@ def shard(module: nn.Module, group=None, *, config=None,
     than the world needs group_is_data_parallel=True (see _check_group_is_data_parallel).
     config: the RematConfig the module will be compiled with, if you want it checked here.
     Sharding itself reads none of its fields (cast-before-gather, the re-gather schedule and
-    prefetch act at compile time, through the backend), but a config that turns the ZeRO-3
-    marking off would keep every gathered weight alive into the backward: that is warned."""
+    prefetch act at compile time, through the backend), but every rank's must be the same
+    (ranks that cut or schedule differently hang in mismatched collectives): they are compared,
+    and a difference is an error naming the field and the ranks. A config that turns the
+    ZeRO-3 marking off would keep every gathered weight alive into the backward: warned."""
     if config is not None:
-        from deepcompile_remat.config import RematConfig
-
         if not isinstance(config, RematConfig):
             raise TypeError("deepcompile_remat.zero3.shard: config must be a RematConfig, got "
                             f"{type(config).__name__}")
@@ -205,6 +206,10 @@ def shard(module: nn.Module, group=None, *, config=None,
     group = _resolve_group(group)
     _check_group_is_data_parallel(group, group_is_data_parallel)
     _check_backend_serves(module, group)
+    settings = {"config passed to shard()": config is not None}
+    if config is not None:
+        settings.update({f"RematConfig.{k}": v for k, v in config.as_dict().items()})
+    check_ranks_agree(settings, "deepcompile_remat.zero3.shard", group)
     _check_ranks_agree(module, group)
     _shard_modules(module, group, reuse={})
     return module

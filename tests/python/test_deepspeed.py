@@ -210,6 +210,98 @@ def test_config_from_a_file_in_args_or_config_params(tmp_path):
             initialize(model=GPT(), **kwargs)
 
 
+# --- reading configs as DeepSpeed does; ranks that disagree --------------------------------------
+
+_HJSON = """{
+  // DeepSpeed reads HJSON: comments and trailing commas are fine
+  "train_micro_batch_size_per_gpu": 2,
+  "zero_optimization": {"stage": 3,},
+  /* the block */
+  "deepcompile_remat": {"enabled": true, "backend": "eager",},
+}"""
+
+
+def test_configs_are_read_as_deepspeed_reads_them(tmp_path):
+    """Before: json.load, so an HJSON file (comments, trailing commas) or a base64 config that
+    DeepSpeed accepts was refused, and a duplicated key that DeepSpeed refuses passed with its
+    last value; a top-level array or a missing file raised AttributeError/OSError."""
+    import base64
+
+    from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
+
+    from deepcompile_remat.deepspeed import block_from_deepspeed, initialize
+    from deepcompile_remat.deepspeed.config import load
+
+    hjson_file = tmp_path / "ds.hjson"
+    hjson_file.write_text(_HJSON)
+    as_base64 = base64.urlsafe_b64encode(_HJSON.encode()).decode()
+    for source in (str(hjson_file), as_base64):
+        cfg, _ = load(source)
+        assert cfg == load_ds_config(source)  # DeepSpeed's own reader agrees
+        block = block_from_deepspeed(source)
+        assert block.enabled and block.backend == "eager"
+
+    duplicated = tmp_path / "dup.json"
+    duplicated.write_text('{"train_micro_batch_size_per_gpu": 1, "train_micro_batch_size_per_gpu":'
+                          ' 4, "zero_optimization": {"stage": 3}, "deepcompile_remat": '
+                          '{"enabled": true}}')
+    with pytest.raises(ValueError, match="Duplicate keys"):
+        load_ds_config(str(duplicated))
+    with pytest.raises(ValueError, match=rf"{duplicated}: .*Duplicate keys in DeepSpeed config: "
+                                         r"\['train_micro_batch_size_per_gpu'\]"):
+        initialize(model=GPT(), config=str(duplicated))
+
+    array = tmp_path / "array.json"
+    array.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=rf"{array}: a DeepSpeed config must be a JSON object, "
+                                         "got list"):
+        initialize(model=GPT(), config=str(array))
+    missing = tmp_path / "missing.json"
+    with pytest.raises(ValueError, match=rf"{missing}: no such DeepSpeed config file"):
+        initialize(model=GPT(), config=str(missing))
+
+
+def test_bad_values_in_the_block_name_the_key():
+    """Silent bugs guarded: JSON true taken as 1 byte of bucket, NaN or Infinity accepted as a
+    prefetch budget (every comparison with it false), keep_reports=true keeping one report."""
+    from deepcompile_remat.deepspeed import block_from_deepspeed
+
+    for key, value, why in [("bucket_bytes", True, "must be an integer, got True"),
+                            ("prefetch_budget_bytes", float("nan"), "must be a finite number, got nan"),
+                            ("prefetch_budget_bytes", float("inf"), "must be a finite number, got inf"),
+                            ("prefetch_budget_bytes", True, "must be a number, got True"),
+                            ("keep_reports", True, "must be an integer, got True"),
+                            ("max_prefetch", -1, "must be >= 0"),
+                            ("cse", 1, "must be true or false, got 1")]:
+        with pytest.raises(ValueError, match=rf"deepcompile_remat: RematConfig.{key} {why}"):
+            block_from_deepspeed({"deepcompile_remat": {"enabled": True, key: value}})
+
+
+def _ranks_disagree(rank, world):
+    rank_env(rank, world)
+    from deepcompile_remat import RematConfig
+    from deepcompile_remat.deepspeed import initialize
+
+    # DeepSpeed: rank 0 turns the block on, rank 1 leaves it off.
+    cfg = _config("bf16", rank == 0)
+    with pytest.raises(ValueError) as err:
+        initialize(model=GPT(), optimizer=None, config=cfg)
+    msg = str(err.value)
+    assert "ranks disagree on deepcompile_remat.enabled: True on rank 0; False on rank 1" in msg, msg
+    # Own runtime: the same config must reach shard() on every rank.
+    config = RematConfig(policy="aggressive" if rank == 0 else "conservative")
+    with pytest.raises(ValueError, match=r"zero3.shard: ranks disagree on RematConfig.policy: "
+                                         r"'aggressive' on rank 0; 'conservative' on rank 1"):
+        zero3.shard(GPT(), config=config)
+
+
+def test_ranks_that_disagree_fail_fast_naming_the_key():
+    """Before: rank 0 with the block on and rank 1 off (or different RematConfigs in the own
+    runtime) built different engines and hung until the collective timeout, or gloo aborted
+    with `op.preamble.length <= op.nbytes`."""
+    run_ranks(_ranks_disagree, 2, timeout_s=120)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_deepcompile_without_cuda_is_an_error():
     from deepcompile_remat.deepspeed import initialize

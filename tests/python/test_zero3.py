@@ -165,11 +165,22 @@ def _dynamic_shapes_same_decision(rank, world, kind):
         _loss(run(torch.randint(0, 64, (2, seq)))).backward()
     reps = dcr.reports()
     assert reps and any(not isinstance(d, int) for r in reps for v in r.saved for d in v.shape)
-    decisions = [(tuple((v.name, v.bytes) for v in r.saved), r.recomputed, r.collectives,
-                  r.schedule) for r in reps]
+    decisions = [(tuple((v.name, v.bytes_symbolic) for v in r.saved), r.recomputed,
+                  r.collectives, r.schedule) for r in reps]
     every_rank = [None] * world
     dist.all_gather_object(every_rank, decisions)
     assert all(d == every_rank[0] for d in every_rank), "ranks costed or cut differently"
+    # Reports show this rank's real sizes, not the 4096 per symbol the cut costed them at
+    # (before: a value of 2 x 16 x 32 floats reported as 2 x 4096 x 32).
+    import sympy
+
+    symbolic = [v for r in reps for v in r.saved if v.bytes_symbolic is not None]
+    assert symbolic and all(r.symbolic for r in reps if any(v in symbolic for v in r.saved))
+    for v in symbolic:
+        formula = sympy.sympify(v.bytes_symbolic)
+        at_most = formula.subs({s: 16 for s in formula.free_symbols})  # sizes seen are <= 16
+        assert 0 < v.bytes <= at_most, (v, at_most)
+        assert v.bytes * 100 < formula.subs({s: 4096 for s in formula.free_symbols})
 
 
 @pytest.mark.parametrize("kind", ["eager", "inductor"])
