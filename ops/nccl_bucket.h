@@ -1,5 +1,7 @@
 // A NCCL communicator for one torch.distributed group and the bucketed allgather-with-cast
-// over it. Plain C++ (no torch): device pointers and cudaStream_t handles come from Python.
+// over it, for benchmarks/bench_allgather_cast.py only (the runtime gathers through the process
+// group's own NCCL: deepcompile_remat/ops/collectives.py). Plain C++ (no torch): device
+// pointers and cudaStream_t handles come from Python.
 //
 // Invariants:
 //   - one communicator per (process group, device), created once from a unique id that rank 0
@@ -9,8 +11,8 @@
 //     the compute stream so far (the shards are ready), then runs the cast kernel and one
 //     ncclGroupStart/End of in-place allgathers (each output's own slot is the send buffer),
 //     then records the returned event. The caller makes the compute stream wait on that event
-//     before it reads the outputs, and keeps shards/outputs alive until then (Python calls
-//     Tensor.record_stream(comm_stream) for the caching allocator).
+//     before it reads the outputs, and keeps shards/outputs alive until then (the benchmark
+//     synchronizes before it frees them).
 #pragma once
 
 #include <cuda_runtime_api.h>

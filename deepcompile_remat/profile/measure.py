@@ -180,8 +180,8 @@ def run_cell(cell: Cell, size: ModelSize, opts: RunOptions, rank: int, world: in
         "start_bytes": mem.start_bytes, "peak_bytes_each_step": [m.peak_bytes for m in measured],
         "step_s": statistics.median(times) if times else float("nan"), "step_times_s": times,
         "compile_s": compile_s,
-        "gathered_bytes": float(gathered) + stats.async_gather_bytes,
-        "gather_calls": int(calls) + stats.async_gather_calls,
+        "gathered_bytes": float(gathered),  # prefetched (start/wait) gathers included
+        "gather_calls": int(calls),
         "partitions": len(recorder.partitions),
         **stats.as_dict(),
         "timeline": {"t_ms": t_ms, "bytes": live, "fw_end_ms": mem.fw_end_ms,

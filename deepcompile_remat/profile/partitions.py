@@ -41,8 +41,6 @@ class PartitionStats:
     activation_bytes_per_block: dict = field(default_factory=dict)  # block index -> bytes
     predicted_fw_bytes: float = 0.0
     predicted_bw_bytes: float = 0.0
-    async_gather_bytes: float = 0.0
-    async_gather_calls: int = 0
 
     @property
     def predicted_peak_bytes(self) -> float:
@@ -56,9 +54,7 @@ class PartitionStats:
                                                sorted(self.activation_bytes_per_block.items())},
                 "predicted_fw_bytes": self.predicted_fw_bytes,
                 "predicted_bw_bytes": self.predicted_bw_bytes,
-                "predicted_peak_bytes": self.predicted_peak_bytes,
-                "async_gather_bytes": self.async_gather_bytes,
-                "async_gather_calls": self.async_gather_calls}
+                "predicted_peak_bytes": self.predicted_peak_bytes}
 
 
 def combine(parts: Sequence[PartitionStats]) -> PartitionStats:
@@ -74,8 +70,6 @@ def combine(parts: Sequence[PartitionStats]) -> PartitionStats:
             out.activation_bytes_per_block[k] = out.activation_bytes_per_block.get(k, 0.0) + v
         out.predicted_fw_bytes = max(out.predicted_fw_bytes, p.predicted_fw_bytes)
         out.predicted_bw_bytes = max(out.predicted_bw_bytes, p.predicted_bw_bytes)
-        out.async_gather_bytes += p.async_gather_bytes
-        out.async_gather_calls += p.async_gather_calls
     return out
 
 
@@ -141,16 +135,6 @@ def _predicted(gm: fx.GraphModule, persistent: set, preexisting: set) -> float:
     return float(peak - before)
 
 
-def _async_gathers(gm: fx.GraphModule) -> tuple[float, int]:
-    received = calls = 0
-    op = torch.ops._c10d_functional.all_gather_into_tensor.default
-    for n in gm.graph.find_nodes(op="call_function", target=op):
-        full, world = n.meta["val"], int(n.args[1])
-        received += full.numel() * full.element_size() * (world - 1) // world
-        calls += 1
-    return float(received), calls
-
-
 def analyze(fw: fx.GraphModule, bw: fx.GraphModule,
             example_inputs: Sequence[Any]) -> PartitionStats:
     params = parameter_names(fw, example_inputs)
@@ -184,10 +168,6 @@ def analyze(fw: fx.GraphModule, bw: fx.GraphModule,
     fw_inputs = {n.name for n in fw.graph.find_nodes(op="placeholder")}
     stats.predicted_fw_bytes = _predicted(fw, params, fw_inputs)
     stats.predicted_bw_bytes = _predicted(bw, params, params)
-    for gm in (fw, bw):
-        b, c = _async_gathers(gm)
-        stats.async_gather_bytes += b
-        stats.async_gather_calls += c
     return stats
 
 

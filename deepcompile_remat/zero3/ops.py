@@ -6,6 +6,13 @@
         output, then the slots are all-gathered in place: a downcast gather moves half the bytes
         and no full-precision copy of the weight ever exists.
         Backward: reduce_scatter_grad of the gradient (cast back to the shard's dtype).
+    full = torch.ops.dcr.allgather_cast_start(shard, world_size, group_name, dtype)
+    torch.ops.dcr.allgather_cast_wait(full)
+        the same gather in two halves, for a gather the schedule moved ahead of its first use
+        (zero3/schedule.py): the start issues it (cast into the slot, collective in flight) and
+        returns the output, not yet valid; the wait, a mutation of `full` as far as the compiler
+        knows, is placed before the first use, so nothing reads `full` before it. One function
+        (deepcompile_remat.ops.allgather_cast) runs every gather; allgather_cast is start + wait.
     grad_shard = torch.ops.dcr.reduce_scatter_grad(full_grad, world_size, group_name)
         the average over ranks of each rank's full gradient, this rank's slot only (data
         parallel: the mean over the global batch when each rank's loss is a local mean).
@@ -22,6 +29,8 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+
+from deepcompile_remat.ops.collectives import backend_name
 
 class CommStats:
     """Bytes this process sent and received through the ops (for the measurements)."""
@@ -43,42 +52,91 @@ def resolve_group(group_name: str):
     return _resolve_process_group(group_name)
 
 
-def _gather_into(shards, outputs, dtype, group) -> None:
+def _gather_into(shards, outputs, dtype, group, async_op: bool = False):
     """Cast each shard into this rank's slot of its output, then gather the slots in place:
-    deepcompile_remat.ops (the C++ CPU kernel + gloo, or CUDA + NCCL when built)."""
+    deepcompile_remat.ops.allgather_cast (the same function for every gather of the runtime:
+    CPU, CUDA, NCCL, gloo and torch's fake process group of emulated worlds). Returns the
+    handle when async_op."""
     from deepcompile_remat import ops as kernels
 
-    if shards[0].is_cuda and (not kernels.cuda_available()
-                              or str(dist.get_backend(group)) == "fake"):
-        # Without the CUDA module, or in an emulated world (torch's fake process group, whose
-        # collectives move no data): torch's cast into the slot, then the group's plain
-        # collective, one per output (the fused path's coalescing is for real NCCL groups).
-        rank = dist.get_rank(group)
-        for s, o in zip(shards, outputs):
-            slot = o.view(-1, s.numel())[rank]
-            slot.copy_(s)
-            dist.all_gather_into_tensor(o, slot, group=group)
-        return
-    kernels.allgather_cast(list(shards), list(outputs), dtype=dtype, group=group)
+    return kernels.allgather_cast(list(shards), list(outputs), dtype=dtype, group=group,
+                                  async_op=async_op)
+
+
+def _count_gather(out: torch.Tensor, world_size: int) -> None:
+    CommStats.allgather_bytes += out.numel() * out.element_size() * (world_size - 1) // world_size
+    CommStats.allgather_calls += 1
+
+
+# Gathers started and not yet waited on, by their output's storage (a start's output is handed
+# to exactly one wait; the graph, not Python identity, carries it from one to the other).
+_in_flight: dict = {}
+
+
+def _key(full: torch.Tensor) -> int:
+    return full.untyped_storage().data_ptr()
+
+
+def _start(shard: torch.Tensor, world_size: int, group_name: str, dtype) -> torch.Tensor:
+    dtype = shard.dtype if dtype is None else dtype
+    out = shard.new_empty(world_size * shard.numel(), dtype=dtype)
+    if world_size == 1 and not dist.is_initialized():  # standalone use, no process group
+        out.copy_(shard.reshape(-1))
+        handle = None
+    else:
+        handle = _gather_into([shard.reshape(-1)], [out], dtype, resolve_group(group_name),
+                              async_op=True)
+        _count_gather(out, world_size)
+    _in_flight[_key(out)] = handle
+    return out
+
+
+def _wait(full: torch.Tensor) -> None:
+    try:
+        handle = _in_flight.pop(_key(full))
+    except KeyError:
+        raise RuntimeError("dcr::allgather_cast_wait: no gather in flight into this tensor (a "
+                           "wait without its start, or waited twice)") from None
+    if handle is not None:
+        handle.wait()
+
+
+def _full_like(shard, world_size, dtype):
+    return shard.new_empty(world_size * shard.numel(), dtype=shard.dtype if dtype is None else dtype)
+
+
+@torch.library.custom_op("dcr::allgather_cast_start", mutates_args=())
+def allgather_cast_start(shard: torch.Tensor, world_size: int, group_name: str,
+                         dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    return _start(shard, world_size, group_name, dtype)
+
+
+@allgather_cast_start.register_fake
+def _(shard, world_size, group_name, dtype=None):
+    return _full_like(shard, world_size, dtype)
+
+
+@torch.library.custom_op("dcr::allgather_cast_wait", mutates_args=("full",))
+def allgather_cast_wait(full: torch.Tensor) -> None:
+    _wait(full)
+
+
+@allgather_cast_wait.register_fake
+def _(full):
+    return None
 
 
 @torch.library.custom_op("dcr::allgather_cast", mutates_args=())
 def allgather_cast(shard: torch.Tensor, world_size: int, group_name: str,
                    dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    dtype = shard.dtype if dtype is None else dtype
-    out = shard.new_empty(world_size * shard.numel(), dtype=dtype)
-    if world_size == 1 and not dist.is_initialized():  # standalone use, no process group
-        out.copy_(shard.reshape(-1))
-        return out
-    _gather_into([shard.reshape(-1)], [out], dtype, resolve_group(group_name))
-    CommStats.allgather_bytes += out.numel() * out.element_size() * (world_size - 1) // world_size
-    CommStats.allgather_calls += 1
+    out = _start(shard, world_size, group_name, dtype)
+    _wait(out)
     return out
 
 
 @allgather_cast.register_fake
 def _(shard, world_size, group_name, dtype=None):
-    return shard.new_empty(world_size * shard.numel(), dtype=shard.dtype if dtype is None else dtype)
+    return _full_like(shard, world_size, dtype)
 
 
 def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
@@ -88,7 +146,7 @@ def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str) -
     # Gloo has no AVG reduction: sum, then divide. Gloo's single-tensor reduce-scatter clones
     # the whole full gradient first (one more fp32 full weight at the backward's peak); its
     # list form reduces the chunks where they are.
-    if dist.get_backend(group) == "gloo":
+    if backend_name(group, full.device.type) == "gloo":
         dist.reduce_scatter(out, list(full.chunk(world_size)), group=group)
     else:
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -144,11 +202,9 @@ def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_nam
             offset += n
     else:
         # One shard of the bucket's own: this rank's pieces, side by side, cast on the way.
-        group = resolve_group(group_name)
         local = torch.cat([s.reshape(-1) for s in shards])
-        _gather_into([local], [buf], dtype, group)
-        CommStats.allgather_bytes += buf.numel() * buf.element_size() * (world_size - 1) // world_size
-        CommStats.allgather_calls += 1
+        _gather_into([local], [buf], dtype, resolve_group(group_name))
+        _count_gather(buf, world_size)
     outs, offset = [], 0
     for n in sizes:
         outs.append(rows[:, offset:offset + n].reshape(-1).clone())

@@ -158,16 +158,21 @@ def _bucket_small_gathers(gm: fx.GraphModule, bucket_bytes: float) -> int:
 
 
 def _gather_backends(gm: fx.GraphModule) -> set:
-    """The process-group backends ("nccl", "gloo", ...) the graph's gathers run on."""
-    import torch.distributed as dist
-
+    """The backends ("nccl", "gloo", ...) that run the graph's gathers: each group's backend
+    for its shard's device (a group "cpu:gloo,cuda:nccl" gathers CUDA shards over NCCL)."""
+    from deepcompile_remat.ops.collectives import backend_name
     from deepcompile_remat.zero3.ops import resolve_group
 
-    names = {n.args[2] for n in gm.graph.nodes if is_allgather_cast(n)}
-    try:
-        return {dist.get_backend(resolve_group(name)) for name in names}
-    except (RuntimeError, ValueError):  # no such group in this process
-        return {"unknown"}
+    found = set()
+    for n in gm.graph.nodes:
+        if not is_allgather_cast(n):
+            continue
+        device = n.args[0].meta["val"].device.type
+        try:
+            found.add(backend_name(resolve_group(n.args[2]), device))
+        except (RuntimeError, ValueError):  # no such group in this process
+            found.add("unknown")
+    return found
 
 
 def _use_async(backends: set, async_gathers: str) -> bool:
@@ -178,19 +183,18 @@ def _use_async(backends: set, async_gathers: str) -> bool:
 
 
 def _in_flight_limit(backends: set):
-    """How many functional gathers may be outstanding at once. torch's functional collectives
-    on gloo corrupt the heap with two or more in flight (torch 2.13; plain async collectives
-    do not: scripts/repro_gloo_functional_collectives.py), so over gloo each start waits for
-    the one before it. NCCL: no limit beyond the schedule's memory budget."""
+    """How many gathers may be outstanding at once. NCCL: no limit beyond the schedule's memory
+    budget. Anything else (gloo): one; its worker threads have crashed under many concurrent
+    collectives of one group, and on CPU there is no compute stream for them to overlap."""
     return None if backends <= {"nccl"} else 1
 
 
 def _split_prefetched(gm: fx.GraphModule) -> int:
-    """A gather the schedule moved ahead of its first use becomes an asynchronous start/wait
-    pair (torch's functional collectives, which gloo, NCCL and inductor all understand): the
-    collective is issued where the gather now stands and waited on just before the first use,
-    so the communication overlaps the compute in between. The shard is cast before it is sent."""
-    c10d = torch.ops._c10d_functional
+    """A gather the schedule moved ahead of its first use becomes dcr::allgather_cast_start
+    where it stands and dcr::allgather_cast_wait just before its first use: the same fused
+    cast-into-slot + in-place gather, issued early, so the communication overlaps the compute
+    in between."""
+    dcr = torch.ops.dcr
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
     split = 0
     for gather in [n for n in gm.graph.nodes if is_allgather_cast(n)]:
@@ -199,30 +203,24 @@ def _split_prefetched(gm: fx.GraphModule) -> int:
         first_use = min(gather.users, key=position.__getitem__)
         if position[first_use] == position[gather] + 1:
             continue  # used right away: nothing to overlap
-        shard, world_size, group_name = gather.args[:3]
-        dtype = gather_dtype(gather)
-        full = gather.meta["val"]
         with gm.graph.inserting_before(gather):
-            local = shard
-            if dtype is not None and dtype != shard.meta["val"].dtype:
-                local = gm.graph.call_function(torch.ops.prims.convert_element_type.default,
-                                               (shard, dtype))
-                local.meta["val"] = shard.meta["val"].to(dtype)
-            start = gm.graph.call_function(c10d.all_gather_into_tensor.default,
-                                           (local, world_size, group_name))
-            start.meta["val"] = full
+            start = gm.graph.call_function(dcr.allgather_cast_start.default, gather.args,
+                                           gather.kwargs)
+            start.meta["val"] = gather.meta["val"]
         with gm.graph.inserting_before(first_use):
-            wait = gm.graph.call_function(c10d.wait_tensor.default, (start,))
-            wait.meta["val"] = full
-        gather.replace_all_uses_with(wait)
+            gm.graph.call_function(dcr.allgather_cast_wait.default, (start,))
+        gather.replace_all_uses_with(start)
         gm.graph.erase_node(gather)
         split += 1
     return split
 
 
-def _is_gather_start(node: fx.Node) -> bool:
-    return node.op == "call_function" and \
-        node.target is torch.ops._c10d_functional.all_gather_into_tensor.default
+def _is_start(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is torch.ops.dcr.allgather_cast_start.default
+
+
+def _is_wait(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is torch.ops.dcr.allgather_cast_wait.default
 
 
 def limit_in_flight(gm: fx.GraphModule, limit=None) -> int:
@@ -235,18 +233,16 @@ def limit_in_flight(gm: fx.GraphModule, limit=None) -> int:
     outstanding: list = []  # starts issued and not yet waited on, oldest first
     most = 0
     for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops._c10d_functional.wait_tensor.default:
+        if _is_wait(node):
             start = node.args[0]
             if start in outstanding:
                 outstanding.remove(start)
             continue
-        if not _is_gather_start(node):
+        if not _is_start(node):
             continue
         while limit is not None and len(outstanding) >= limit:
             oldest = outstanding.pop(0)
-            waits = [u for u in oldest.users
-                     if u.target is torch.ops._c10d_functional.wait_tensor.default]
-            for w in waits:
+            for w in [u for u in oldest.users if _is_wait(u)]:
                 node.prepend(w)
         outstanding.append(node)
         most = max(most, len(outstanding))

@@ -133,16 +133,30 @@ def _resolve_group(group):
     return group
 
 
+def _served_devices(group) -> set:
+    """Device types the group's backend(s) move tensors of: a compound config
+    ("cpu:gloo,cuda:nccl") by its device prefixes, a single backend by what it registered."""
+    config = str(dist.get_backend_config(group) if hasattr(dist, "get_backend_config")
+                 else dist.get_backend(group))
+    served = set()
+    for part in config.split(","):
+        device, _, name = part.strip().rpartition(":")
+        served |= {device} if device else set(dist.Backend.backend_capability.get(name.lower(), ()))
+    return served
+
+
 def _check_backend_serves(module: nn.Module, group) -> None:
-    """The group's backend must move tensors where the parameters live (CPU: gloo). torch's
-    fake backend (emulated worlds: collectives skipped) serves any device."""
-    backend = str(dist.get_backend(group)).lower()
+    """The group's backend must move tensors where the parameters live (CPU: gloo; a CUDA
+    parameter: NCCL or gloo). torch's fake backend (emulated worlds) serves any device."""
+    served = _served_devices(group)
     devices = sorted({p.device.type for p in module.parameters()})
-    if "cpu" in devices and not any(b in backend for b in ("gloo", "mpi", "fake")):
+    missing = [d for d in devices if d not in served]
+    if missing:
         raise ValueError(
-            f"deepcompile_remat.zero3.shard: the module has parameters on cpu but the process "
-            f"group's backend is {backend!r}, which cannot gather cpu tensors; use a gloo group "
-            f"(or move the module to the GPU first)")
+            f"deepcompile_remat.zero3.shard: the module has parameters on {missing[0]} but the "
+            f"process group's backend ({dist.get_backend(group)!r}) cannot move "
+            f"{missing[0]} tensors; use a gloo group for cpu (or move the module to the GPU "
+            f"first)")
 
 
 def _check_ranks_agree(module: nn.Module, group) -> None:

@@ -11,7 +11,7 @@ from deepcompile_remat.bench.ports import free_port
 from deepcompile_remat.zero3.ops import resolve_group
 
 
-def _entry(rank, world, port, fn, args):
+def _entry(rank, world, port, fn, args, backend="gloo"):
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
@@ -19,7 +19,7 @@ def _entry(rank, world, port, fn, args):
     inductor_config.fx_graph_cache = False
     functorch_config.enable_autograd_cache = False
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     try:
         fn(rank, world, *args)
@@ -30,10 +30,13 @@ def _entry(rank, world, port, fn, args):
 RANKS_TIMEOUT_S = 300.0
 
 
-def run_ranks(fn, world: int = 2, *args, timeout_s: float = RANKS_TIMEOUT_S) -> None:
-    """fn(rank, world, *args) on `world` processes; an assertion on any rank fails the test,
-    and so does a run past timeout_s (ranks that disagree hang in a collective)."""
-    ctx = mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=False)
+def run_ranks(fn, world: int = 2, *args, timeout_s: float = RANKS_TIMEOUT_S,
+              backend: str = "gloo") -> None:
+    """fn(rank, world, *args) on `world` processes whose default group has `backend`; an
+    assertion on any rank fails the test, and so does a run past timeout_s (ranks that disagree
+    hang in a collective)."""
+    ctx = mp.spawn(_entry, args=(world, free_port(), fn, args, backend), nprocs=world,
+                   join=False)
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:

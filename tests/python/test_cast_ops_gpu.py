@@ -1,6 +1,7 @@
-"""allgather_cast on one GPU: the NCCL communicator path, no allocation beyond the outputs,
-and stream safety (ordering after the producer, blocks not reused while the side stream reads
-them). Skipped without a CUDA device; run on the GPU machine by scripts/gpu_check.sh."""
+"""allgather_cast on one GPU: the benchmark's private NCCL communicator, no allocation beyond
+the outputs, the cast on the caller's current stream, under the shards' device. Skipped without
+a CUDA device; run on the GPU machine by scripts/gpu_check.sh. The collective logic of the NCCL
+path is tested on CPU (test_nccl_path.py)."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -29,8 +30,8 @@ def nccl_world_one():
 
 @pytest.mark.parametrize("dtype", DTYPES + [None])
 def test_nccl_communicator_path_bit_identical(nccl_world_one, dtype):
-    """World size 1 skips NCCL in allgather_cast; drive the communicator itself (created from
-    the process group, grouped in-place allgather, destroyed) so that path runs on one GPU."""
+    """The private communicator benchmarks/bench_allgather_cast.py times against the runtime's
+    path (created from the process group, grouped in-place allgather, destroyed)."""
     device = torch.device("cuda", 0)
     shards = [nasty_fp32(n, seed=n).cuda() for n in (1, 5, 4099, 1 << 18)]
     out_dtype = torch.float32 if dtype is None else dtype
@@ -71,27 +72,37 @@ def test_no_allocation_beyond_the_outputs(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_stream_safety_under_concurrent_streams(dtype):
-    """The side stream must (1) start after the compute stream produced the shards, and
-    (2) keep the shards' blocks from being handed out again while it still reads them."""
-    device = torch.device("cuda", 0)
+def test_cast_runs_on_the_current_stream_after_the_producer(dtype):
+    """Everything on a side stream that is kept busy: the shards are produced late on it, and
+    allgather_cast must cast on that (current) stream, after the producer. A cast launched on
+    the default stream, or on a stream of its own without waiting, reads the shards before
+    they are written and fails this. (The old version of this test delayed a stream the
+    runtime no longer used: it could not fail.)"""
     base = [nasty_fp32(n, seed=n).cuda() for n in (17, 1 << 20)]
     expected = [b.to(dtype) for b in base]
-    busy = torch.cuda.Stream()  # a concurrent compute stream, kept busy throughout
-    with torch.cuda.stream(busy):
-        torch.cuda._sleep(SLEEP_CYCLES)
-    side = cuda_module.comm_stream(device)
     torch.cuda.synchronize()
+    side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(SLEEP_CYCLES)  # the cast starts late: any reuse would show
-    torch.cuda._sleep(SLEEP_CYCLES)  # the producer finishes late: a missing wait would show
-    shards = [b * 1 for b in base]
-    handle = ops.allgather_cast(shards, dtype=dtype, async_op=True)
-    del shards
-    outs = handle.wait()
-    # Same sizes from the same stream: without record_stream these would be the freed blocks.
-    junk = [torch.full_like(b, float("nan")) for b in base]
-    for o, e in zip(outs, expected):
-        assert same_bits(o, e)
-    del junk
+        shards = [torch.empty_like(b) for b in base]
+        torch.cuda._sleep(SLEEP_CYCLES)  # the producer finishes late
+        for s, b in zip(shards, base):
+            s.copy_(b)
+        handle = ops.allgather_cast(shards, dtype=dtype, async_op=True)
+        outs = handle.wait()
+        got = [o.clone() for o in outs]  # read in stream order after the wait
     torch.cuda.synchronize()
+    for g, e in zip(got, expected):
+        assert same_bits(g, e)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cast_runs_on_the_shards_device(dtype):
+    """Current device 0, shards on device 1 (the eager backend can run a graph so): the cast
+    must run under device 1."""
+    shards = [nasty_fp32(n, seed=n).to("cuda:1") for n in (5, 4099)]
+    torch.cuda.set_device(0)
+    outs = ops.allgather_cast(shards, dtype=dtype)
+    torch.cuda.synchronize(1)
+    for s, o in zip(shards, outs):
+        assert o.device == s.device and same_bits(o, s.to(dtype))

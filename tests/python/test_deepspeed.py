@@ -371,6 +371,82 @@ def test_deepcompile_backend_partitions_with_ours_while_it_compiles():
     assert inductor_config.custom_partitioner_fn is None
 
 
+def _aliasing_aten_ops():
+    """The aten ops whose output aliases an input: what DeepCompile's get_no_copy_ops returns
+    besides its own CUDA op (whose handle needs a CUDA build)."""
+    ops_ = set()
+    for name in torch.ops.aten:
+        packet = getattr(torch.ops.aten, name)
+        for overload in packet:
+            op = getattr(packet, overload)
+            if any(r.alias_info is not None for r in getattr(op, "_schema").returns):
+                ops_.add(op)
+    return ops_
+
+
+def test_deepcompile_wrapper_and_backward_mapping_around_ours_on_cpu(monkeypatch):
+    """DeepCompile is CUDA-only, but what it does around a partitioner is Python: its
+    get_wrapped_partitioner (tags parameter aliases, then calls the partitioner we put in
+    place of torch's) and DSGraphParamManager.get_bwd_mapping (finds the parameters in the
+    backward graph by their forward names and their gradients by output position). Run both
+    around ours on a CPU joint graph, so a DeepSpeed upgrade that renames or changes what we
+    patch fails here, not on a user's GPUs."""
+    import deepspeed.compile.partitioner as dc_partitioner
+    from deepspeed.compile.graph_param import DSGraphParamManager
+    from deepspeed.compile.partitioner import get_wrapped_partitioner
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from functorch.compile import aot_function, make_boxed_func
+
+    from deepcompile_remat.backends import RematPartitioner
+    from deepcompile_remat.deepspeed import _ds_internals
+
+    # What deepcompile.py patches must exist under these names.
+    assert hasattr(_ds_internals.deepcompile_backend_module(), "min_cut_rematerialization_partition")
+    assert callable(getattr(DeepSpeedEngine, "get_deepspeed_compile_backend", None))
+
+    lin1, lin2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+    params = [lin1.weight, lin1.bias, lin2.weight, lin2.bias]
+    x = torch.randn(4, 16)
+
+    def f(x, w1, b1, w2, b2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, w1, b1)),
+                                              w2, b2).float()
+
+    monkeypatch.setattr(dc_partitioner, "get_no_copy_ops", _aliasing_aten_ops)
+    index_to_ds_ids = [(i + 1, 100 + i, p.shape) for i, p in enumerate(params)]
+    ours = RematPartitioner(dcr.RematConfig(), [i for i, _, _ in index_to_ds_ids], 5)
+    partitioned = set()
+    wrapped = get_wrapped_partitioner(True, index_to_ds_ids, ours, 0, partitioned)
+    graphs = {}
+
+    def compiler(name):
+        def compile_graph(gm, _inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+        return compile_graph
+
+    out = aot_function(f, fw_compiler=compiler("fw"), bw_compiler=compiler("bw"),
+                       partition_fn=wrapped)(x, *params)
+    out.sum().backward()
+    assert partitioned == {0} and dcr.reports(), "ours did not partition under the wrapper"
+    rep = dcr.reports()[-1]
+    assert rep.parameter_aliases and not {v.name for v in rep.saved} & set(rep.parameter_aliases)
+
+    manager = DSGraphParamManager(graphs["fw"].graph, [x, *params], index_to_ds_ids)
+    param_nodes_bw, grads = manager.get_bwd_mapping(graphs["bw"].graph)
+    # The second weight is what the backward reads (x needs no gradient, so the first is not):
+    # the parameter itself, found by its forward name, not a saved bf16 copy of it.
+    assert manager.param_names[2] in {n.name for n in param_nodes_bw}
+    for name, p in zip(manager.param_names, params):
+        grad = grads[name]
+        assert grad is not None and tuple(grad.meta["val"].shape) == tuple(p.shape), name
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    f(x, *ref).sum().backward()
+    for p, r in zip(params, ref):
+        torch.testing.assert_close(p.grad, r.grad)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="DeepCompile (compile.deepcompile) runs on CUDA only; no GPU here")
 def test_deepcompile_on_gpu_uses_our_partitioner():

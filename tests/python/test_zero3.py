@@ -67,8 +67,8 @@ def _train_and_compare(rank, world, kind, autocast, config=None):
             for v in rep.saved:  # parameters reach the backward as shards, never gathered
                 if v.parameter:
                     assert len(v.shape) == 1 and v.shape[0] in shard_sizes, v
-            assert any(c.startswith(("bw:dcr::allgather_cast", "bw:_c10d_functional::all_gather"))
-                       for c in rep.collectives), "the backward should re-gather"
+            assert any(c.startswith("bw:dcr::allgather_cast") for c in rep.collectives), \
+                "the backward should re-gather"
         # Independently of the marking's own report: no saved value is reached from a gather
         # through views and casts (a gathered weight kept alive into the backward).
         assert graphs
@@ -96,7 +96,7 @@ def _async_prefetch(rank, world, kind):
     _train_and_compare(rank, world, kind, True, config)
     rep = dcr.reports()[-1]
     assert any(s.get("async_prefetched", 0) > 0 for s in rep.schedule), rep.schedule
-    assert any("wait_tensor" in op for op in rep.backward_ops)
+    assert any("allgather_cast_wait" in op for op in rep.backward_ops)
     # gloo: one functional gather in flight at a time (limit_in_flight; see its docstring)
     assert all(s.get("max_in_flight", 0) <= 1 for r in dcr.reports() for s in r.schedule)
 
@@ -114,33 +114,32 @@ def test_limit_in_flight_moves_waits_earlier():
     each wait moves before the next start; with no limit the order stays."""
     from deepcompile_remat.zero3.schedule import limit_in_flight
 
-    c10d = torch.ops._c10d_functional
+    dcr_ops = torch.ops.dcr
 
     def build():
         g = torch.fx.Graph()
         shards = [g.placeholder(f"shard{i}") for i in range(3)]
-        starts = [g.call_function(c10d.all_gather_into_tensor.default, (s, 2, "0"))
+        starts = [g.call_function(dcr_ops.allgather_cast_start.default, (s, 2, "0"))
                   for s in shards]
         x = g.call_function(torch.ops.aten.relu.default, (shards[0],))
-        waits = [g.call_function(c10d.wait_tensor.default, (s,)) for s in starts]
-        g.output((x, *waits))
+        for s in starts:
+            g.call_function(dcr_ops.allgather_cast_wait.default, (s,))
+        g.output((x, *starts))
         return torch.fx.GraphModule(torch.nn.Module(), g)
 
     def order(gm):
-        return [n.name.replace("_default", "") for n in gm.graph.nodes
-                if n.op == "call_function"]
+        return [n.name.replace("_default", "").replace("allgather_cast_", "")
+                for n in gm.graph.nodes if n.op == "call_function"]
 
     gm = build()
     before = order(gm)
     assert limit_in_flight(gm, None) == 3 and order(gm) == before
     assert limit_in_flight(gm, 1) == 1
-    assert order(gm) == ["all_gather_into_tensor", "wait_tensor",
-                         "all_gather_into_tensor_1", "wait_tensor_1",
-                         "all_gather_into_tensor_2", "relu", "wait_tensor_2"]
+    assert order(gm) == ["start", "wait", "start_1", "wait_1", "start_2", "relu", "wait_2"]
     gm.graph.lint()
     gm = build()
     assert limit_in_flight(gm, 2) == 2
-    assert order(gm).index("wait_tensor") < order(gm).index("all_gather_into_tensor_2")
+    assert order(gm).index("wait") < order(gm).index("start_2")
     with pytest.raises(ValueError, match="at least 1"):
         limit_in_flight(gm, 0)
 
@@ -152,7 +151,7 @@ def test_async_gathers_auto_is_synchronous_on_gloo():
 def _auto_on_gloo(rank, world):
     _train_and_compare(rank, world, "eager", True, dcr.RematConfig(prefetch_budget_bytes=1e12))
     assert all(s.get("async_prefetched", 0) == 0 for r in dcr.reports() for s in r.schedule)
-    assert not any("wait_tensor" in op for r in dcr.reports() for op in r.backward_ops)
+    assert not any("allgather_cast_wait" in op for r in dcr.reports() for op in r.backward_ops)
 
 
 def _dynamic_shapes_same_decision(rank, world, kind):
@@ -293,14 +292,22 @@ def test_process_group_and_config_mismatch():
     run_ranks(_wrong_groups_and_config, 2)
 
 
-def test_group_backend_that_cannot_move_cpu_tensors(monkeypatch):
+@pytest.mark.parametrize("config,refused", [("nccl", True), ("cuda:nccl", True),
+                                             ("cpu:gloo,cuda:nccl", False), ("gloo", False),
+                                             ("fake", False)])
+def test_group_backend_that_cannot_move_cpu_tensors(monkeypatch, config, refused):
+    """An NCCL-only group cannot gather CPU parameters; a compound one that gives cpu to gloo
+    (the default group on a GPU machine) can. No GPU is needed to ask."""
     import importlib
 
     shard_module = importlib.import_module("deepcompile_remat.zero3.shard")
-    # an NCCL-only group, without needing a GPU to create one
-    monkeypatch.setattr(shard_module.dist, "get_backend", lambda group: "nccl")
-    with pytest.raises(ValueError, match="parameters on cpu but the process group's backend "
-                                         "is 'nccl'"):
+    monkeypatch.setattr(shard_module.dist, "get_backend_config", lambda group: config)
+    monkeypatch.setattr(shard_module.dist, "get_backend", lambda group: config)
+    if refused:
+        with pytest.raises(ValueError, match="parameters on cpu but the process group's backend "
+                                             rf"\('{config}'\) cannot move cpu tensors"):
+            shard_module._check_backend_serves(MLP(), object())
+    else:
         shard_module._check_backend_serves(MLP(), object())
 
 
