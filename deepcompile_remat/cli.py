@@ -14,9 +14,11 @@ from deepcompile_remat.bench import deepspeed_bench
 from deepcompile_remat.bench import partition as bench_partition
 from deepcompile_remat.bench import solver as bench_solver
 from deepcompile_remat.profile import command as profile_command
+from deepcompile_remat.profile import compare as compare_command
 
 SUBCOMMANDS = {
     profile_command.NAME: (profile_command.add_arguments, profile_command.run),
+    compare_command.NAME: (compare_command.add_arguments, compare_command.run),
     bench_solver.NAME: (bench_solver.add_arguments, bench_solver.run),
     bench_partition.NAME: (bench_partition.add_arguments, bench_partition.run),
     deepspeed_bench.NAME: (deepspeed_bench.add_arguments, deepspeed_bench.run),

@@ -130,9 +130,9 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     import torch
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    from deepcompile_remat.profile.memory import peak_over_profile
+    from deepcompile_remat.profile.memory import peak_over_profile, profiled
     from deepcompile_remat.deepspeed import initialize
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
@@ -173,10 +173,10 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
             times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
         dist.barrier()
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with profiled(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             step()
         dist.barrier()
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as fwd_bwd_prof:
+        with profiled(activities=[ProfilerActivity.CPU], profile_memory=True) as fwd_bwd_prof:
             loss = forward_backward()
         engine.step()
         dist.barrier()

@@ -114,7 +114,7 @@ def run_cell(cell: Cell, size: ModelSize, opts: RunOptions, rank: int, world: in
              progress: Optional[Callable[[str], None]] = None) -> dict:
     import torch
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     from deepcompile_remat import zero3
 
@@ -150,7 +150,7 @@ def run_cell(cell: Cell, size: ModelSize, opts: RunOptions, rank: int, world: in
         dist.barrier()
         zero3.CommStats.reset()
         gc.collect()
-        with profile(activities=activities, profile_memory=True) as prof:
+        with memory.profiled(activities=activities, profile_memory=True) as prof:
             step()
             _sync(device)
         if i == 0:

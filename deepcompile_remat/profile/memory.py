@@ -20,9 +20,11 @@ figures are relative to the total at the step's start (model state and inputs al
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +53,37 @@ def exact_cpu_counter() -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _stderr_silenced():
+    """File descriptor 2 to /dev/null for the duration (C++ writes there directly)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def profiled(**kwargs):
+    """torch.profiler.profile(**kwargs), without kineto's two lines per run on stderr
+    ("USDT: ... profiler_start" / "profiler_stop", written by C++ whatever the log level): only
+    starting and stopping the profiler run with stderr silenced."""
+    from torch.profiler import profile
+
+    prof = profile(**kwargs)
+    with _stderr_silenced():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _stderr_silenced():
+            prof.__exit__(None, None, None)
+
+
 @dataclass
 class StepMemory:
     start_bytes: float        # allocator total when the step began (model state, inputs)
@@ -64,10 +97,11 @@ class StepMemory:
     bw_end_ms: float
 
 
-def _marks(tree) -> dict:
+def _marks(tree, names=MARKS) -> dict:
+    """name -> (start ns, end ns) of the first record_function region of each name."""
     out = {}
     for n in tree.sorted_nodes:
-        if n.name in MARKS and n.name not in out:
+        if n.name in names and n.name not in out:
             out[n.name] = (n.start_time_ns, n.end_time_ns)
     return out
 

@@ -1,0 +1,326 @@
+"""`deepcompile-remat compare` (also `profile --peers`): ours against what a user would pick
+instead (profile/peers.py), on the same model, micro-batch, seed and ranks, a full training step
+with AdamW each.
+
+    deepcompile-remat compare                                  # built-in GPT, 2 CPU ranks
+    deepcompile-remat compare --model llama --layers 4 --hidden 256 --checkpointing
+    deepcompile-remat compare --model path/to/config.json --peers ours-eager fsdp2-module
+
+Per system and precision, on every rank (folded: the largest over ranks):
+  step peak    the allocator's absolute total at its highest over one whole step (forward,
+               backward, optimizer step, gradients released): what runs out of memory
+  at rest      the total when the step begins: model, optimizer state, buffers a system keeps
+               between steps (DeepSpeed's gradient partitions, ...)
+  transient    the highest total during forward + backward, minus at rest
+  time         median step time over the timed steps (wall, the slowest rank) and this
+               process's CPU time (all its threads: steadier on a shared machine)
+  collectives  torch.distributed collectives one step issues (a coalesced group counts once)
+  step-1 loss  the loss before any update: every system must agree (bf16 tolerance), else the
+               row is marked
+CPU memory is the CPU allocator's running total made exact in every thread
+(memory.exact_cpu_counter, set before anything is allocated); on a GPU the CUDA allocator's.
+Each system runs in processes of its own, so nothing one leaves behind counts for the next.
+A system that cannot run here says why in its row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from deepcompile_remat.profile.workload import Workload
+
+NAME = "compare"
+DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-deepspeed", "fsdp2-block",
+                 "fsdp2-block-compiled", "fsdp2-module", "deepspeed", "deepspeed-lean",
+                 "deepspeed-compiled", "deepspeed-lean-compiled")
+PRECISIONS = ("autocast", "bf16")
+LOSS_RTOL = 2e-2  # bf16 compute: 8 bits of mantissa, summed over a vocabulary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", default="gpt",
+                   help='"gpt" (built-in), a transformers preset (llama, qwen2, gpt2) or the path '
+                        "of a transformers config.json (random weights)")
+    g.add_argument("--checkpointing", action="store_true",
+                   help="HF's activation checkpointing on every layer (transformers models)")
+    for name, default in (("layers", 2), ("hidden", 512), ("heads", 8), ("vocab", 512),
+                          ("seq", 16), ("batch", 1)):
+        g.add_argument(f"--{name}", type=int, default=default)
+    g = parser.add_argument_group("run")
+    g.add_argument("--peers", nargs="+", choices=DEFAULT_PEERS, default=list(DEFAULT_PEERS))
+    g.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    g.add_argument("--world", type=int, default=2, help="local ranks (gloo on CPU, NCCL on GPU)")
+    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    g.add_argument("--warmup", type=int, default=1, help="steps after the first (compiling) one")
+    g.add_argument("--steps", type=int, default=3, help="timed steps (median)")
+    g.add_argument("--out", default="compare-results", help="output folder")
+    g.add_argument("--no-plots", action="store_true")
+    g.add_argument("--quiet", action="store_true", help="no progress line")
+    g.add_argument("--json", action="store_true", help="print the rows as JSON, no table")
+
+
+def _step_figures(prof, device_type: str) -> dict:
+    """At rest, step peak and forward+backward peak (absolute), and the collectives, from a
+    profile of exactly one step."""
+    from deepcompile_remat.profile import memory
+    from deepcompile_remat.profile.peers import FWD_BWD
+
+    tree = memory._event_tree(prof)
+    events = memory._allocation_events(tree, device_type)
+    if not events:
+        return {"at_rest_bytes": float("nan"), "step_peak_bytes": float("nan"),
+                "transient_bytes": float("nan"), "collectives": 0}
+    at_rest = float(events[0][1] - events[0][2])
+    marks = memory._marks(tree, (FWD_BWD,))
+    start, end = marks.get(FWD_BWD, (events[0][0], events[-1][0]))
+    fwd_bwd = [e[1] for e in events if start <= e[0] <= end] or [at_rest]
+    collectives = sum(1 for n in tree.sorted_nodes if n.name.startswith("c10d::")
+                      and "barrier" not in n.name)
+    return {"at_rest_bytes": at_rest, "step_peak_bytes": float(max(e[1] for e in events)),
+            "transient_bytes": float(max(fwd_bwd)) - at_rest, "collectives": collectives}
+
+
+def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workload: dict,
+              opts: dict) -> list:
+    device_type = opts["device"]
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    if device_type == "cpu":
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    from deepcompile_remat.profile import memory
+
+    exact = memory.exact_cpu_counter() if device_type == "cpu" else True  # before allocating
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity
+
+    from deepcompile_remat.profile.peers import PEERS, Unavailable
+
+    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    w = Workload(**workload)
+    row = {"peer": peer, "precision": precision, "rank": rank, "world": world,
+           "exact_counter": exact}
+    say = (lambda msg: print(f"\r[{peer} {precision}] {msg:<40}", end="", file=sys.stderr,
+                             flush=True)) if opts["progress"] and rank == 0 else (lambda m: None)
+    system = None
+    try:
+        say("building")
+        system = PEERS[peer](w, precision, device)
+        row["notes"] = system.notes
+        batch = w.inputs(rank, device)
+        say("compiling / first step")
+        t0 = time.perf_counter()
+        row["step1_loss"] = system.step(batch)
+        row["first_step_s"] = time.perf_counter() - t0
+        for _ in range(opts["warmup"]):
+            system.step(batch)
+        times, cpu_times = [], []
+        for i in range(opts["steps"]):
+            say(f"step {i + 1}/{opts['steps']}")
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            system.step(batch)
+            if device_type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
+        row["step_s"] = statistics.median(times)
+        row["cpu_s"] = statistics.median(cpu_times)
+        dist.barrier()
+        say("profiling a step")
+        activities = [ProfilerActivity.CPU] + (
+            [ProfilerActivity.CUDA] if device_type == "cuda" else [])
+        with memory.profiled(activities=activities, profile_memory=True) as prof:
+            system.step(batch)
+        row.update(_step_figures(prof, device_type))
+    except Unavailable as e:
+        row["unavailable"] = str(e)
+    except Exception as e:  # noqa: BLE001  (a peer that fails here says why in its row)
+        row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    finally:
+        if system is not None:
+            system.close()
+        dist.destroy_process_group()
+    if opts["progress"] and rank == 0:
+        print("\r" + " " * 80 + "\r", end="", file=sys.stderr, flush=True)
+    return [row]
+
+
+def fold(rows: list) -> list:
+    """One entry per (precision, peer), in run order: the largest figure over ranks, per-rank
+    step-1 losses, and the reason a system did not run."""
+    import math
+
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["precision"], r["peer"]), []).append(r)
+    folded = []
+    for (precision, peer), rs in out.items():
+        rs.sort(key=lambda r: r["rank"])
+        why = next((r.get("unavailable") or r.get("failed") for r in rs
+                    if "unavailable" in r or "failed" in r), None)
+        entry = {"precision": precision, "peer": peer, "ranks": len(rs), "why_not": why,
+                 "notes": rs[0].get("notes", []),
+                 "step1_losses": [r.get("step1_loss", math.nan) for r in rs],
+                 "exact_counter": all(r.get("exact_counter", True) for r in rs)}
+        for key in ("step_peak_bytes", "at_rest_bytes", "transient_bytes", "step_s", "cpu_s",
+                    "collectives", "first_step_s"):
+            values = [r[key] for r in rs if key in r]
+            entry[key] = max(values) if values and why is None else math.nan
+        folded.append(entry)
+    _mark_losses(folded)
+    return folded
+
+
+def _mark_losses(folded: list) -> None:
+    """loss_ok: every rank's step-1 loss within LOSS_RTOL of the reference system's (ours-eager,
+    else the first that ran) on the same rank."""
+    import math
+
+    for precision in {e["precision"] for e in folded}:
+        group = [e for e in folded if e["precision"] == precision and e["why_not"] is None]
+        ref = next((e for e in group if e["peer"] == "ours-eager"), group[0] if group else None)
+        for e in group:
+            e["loss_ok"] = all(abs(a - b) <= LOSS_RTOL * max(1.0, abs(b))
+                               for a, b in zip(e["step1_losses"], ref["step1_losses"])
+                               if not (math.isnan(a) or math.isnan(b)))
+            e["loss_reference"] = ref["peer"]
+
+
+def render(folded: list, meta: dict) -> str:
+    from deepcompile_remat.profile.report import unit_of
+
+    scale, unit = unit_of([e["step_peak_bytes"] for e in folded])
+    lines = [meta["title"], meta["definition"], ""]
+    head = (f"{'precision':<9} {'system':<24} {'step peak':>10} {'at rest':>9} "
+            f"{'transient':>10} {'step s':>8} {'cpu s':>7} {'colls':>6} {'step-1 loss':>12}")
+    lines += [f"memory in {unit} per rank (largest rank); time: median step", head,
+              "-" * len(head)]
+    for e in folded:
+        if e["why_not"] is not None:
+            lines.append(f"{e['precision']:<9} {e['peer']:<24} not run: {e['why_not']}")
+            continue
+        mark = "" if e.get("loss_ok", True) else "  !loss"
+        lines.append(
+            f"{e['precision']:<9} {e['peer']:<24} {e['step_peak_bytes'] / scale:>10.1f} "
+            f"{e['at_rest_bytes'] / scale:>9.1f} {e['transient_bytes'] / scale:>10.1f} "
+            f"{e['step_s']:>8.3f} {e['cpu_s']:>7.3f} {e['collectives']:>6.0f} "
+            f"{e['step1_losses'][0]:>12.4f}{mark}")
+    lines.append("")
+    if any(not e.get("loss_ok", True) for e in folded):
+        lines.append("!loss: step-1 loss differs from the reference system's by more than "
+                     f"{LOSS_RTOL:.0%} on some rank (reference: ours-eager).")
+    notes = sorted({f"{e['peer']}: {n}" for e in folded for n in e["notes"]})
+    if notes:
+        lines.append("notes: " + "; ".join(notes))
+    return "\n".join(lines)
+
+
+def plot(folded: list, path: str, title: str):
+    """One panel per precision: at rest + transient = step peak, one bar per system."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    from deepcompile_remat.profile.report import unit_of
+
+    precisions = list(dict.fromkeys(e["precision"] for e in folded))
+    scale, unit = unit_of([e["step_peak_bytes"] for e in folded])
+    fig, axes = plt.subplots(1, len(precisions), figsize=(6 * len(precisions), 4.5),
+                             squeeze=False)
+    for ax, precision in zip(axes[0], precisions):
+        group = [e for e in folded if e["precision"] == precision and e["why_not"] is None]
+        names = [e["peer"] for e in group]
+        rest = [e["at_rest_bytes"] / scale for e in group]
+        peak = [e["step_peak_bytes"] / scale for e in group]
+        ax.barh(names, rest, color="#9bb7d4", label="at rest")
+        ax.barh(names, [p - r for p, r in zip(peak, rest)], left=rest, color="#d46a6a",
+                label="step peak above rest")
+        ax.invert_yaxis()
+        ax.set_xlabel(f"{unit} per rank")
+        ax.set_title(precision)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    """Ours against FSDP2 and stock DeepSpeed ZeRO-3: whole-step memory, time, collectives."""
+    import datetime
+
+    import torch
+
+    from deepcompile_remat.bench.ports import free_port
+    from deepcompile_remat.bench.ranks import spawn_for_rows
+
+    if args.world < 1 or args.steps < 1 or args.warmup < 0:
+        raise SystemExit("deepcompile-remat compare: --world and --steps >= 1, --warmup >= 0")
+    if args.hidden % args.heads:
+        raise SystemExit("deepcompile-remat compare: --hidden must be a multiple of --heads")
+    if args.device == "cuda" and torch.cuda.device_count() < args.world:
+        raise SystemExit(f"deepcompile-remat compare: --world {args.world} needs that many GPUs")
+    workload = {k: getattr(args, k) for k in ("model", "layers", "hidden", "heads", "vocab",
+                                              "seq", "batch", "checkpointing")}
+    w = Workload(**workload)
+    params = sum(p.numel() for p in w.build("autocast").parameters())
+    opts = {"device": args.device, "warmup": args.warmup, "steps": args.steps,
+            "progress": not args.quiet}
+    t0 = time.perf_counter()
+    rows = []
+    for precision in args.precisions:
+        for peer in args.peers:
+            rows += spawn_for_rows(rank_main, args.world, args.world, free_port(), peer,
+                                   precision, workload, opts)
+    folded = fold(rows)
+    wall = time.perf_counter() - t0
+    title = (f"{w.describe(params)}; {args.world} {'gloo CPU' if args.device == 'cpu' else 'NCCL GPU'} "
+             f"ranks; torch {torch.__version__}; {datetime.date.today().isoformat()}")
+    meta = {"title": title, "command": "deepcompile-remat " + " ".join(sys.argv[1:]),
+            "definition": "step = forward + backward + AdamW step + gradients released "
+                          "(each system's own API); memory is the allocator's absolute total",
+            "wall_s": wall, "workload": workload, "parameters": params}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "folded": folded}, f, indent=1)
+    _write_csv(os.path.join(args.out, "results.csv"), folded)
+    text = render(folded, meta) + f"\n\nwall time {wall:.0f} s"
+    with open(os.path.join(args.out, "table.txt"), "w") as f:
+        f.write(text + "\n")
+    made = [] if args.no_plots else [p for p in [plot(folded, os.path.join(args.out, "peers.png"),
+                                                      title)] if p]
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(text)
+        print("\nwrote " + ", ".join([os.path.join(args.out, n) for n in
+                                      ("results.json", "results.csv", "table.txt")] + made))
+    return 0
+
+
+def _write_csv(path: str, folded: list) -> None:
+    import csv
+
+    keys = ["precision", "peer", "step_peak_bytes", "at_rest_bytes", "transient_bytes", "step_s",
+            "cpu_s", "collectives", "first_step_s", "loss_ok", "why_not"]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys + ["step1_loss_rank0"], extrasaction="ignore")
+        writer.writeheader()
+        for e in folded:
+            writer.writerow({**e, "step1_loss_rank0": e["step1_losses"][0]})

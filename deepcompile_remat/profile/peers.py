@@ -1,0 +1,182 @@
+"""The systems a user would pick instead, each set up the way its own documentation does it, on
+the same model, micro-batch, seed and ranks; a full training step each (forward, backward,
+AdamW step, gradients released).
+
+    ours-eager / ours-inductor      zero3.shard + torch.compile(backend=dcr.backend(kind)),
+                                    torch.optim.AdamW on the shards
+    ours-deepspeed                  stock DeepSpeed ZeRO-3 engine with the "deepcompile_remat"
+                                    block (inductor): our takeover
+    fsdp2-block / -block-compiled   PyTorch FSDP2 fully_shard on every layer, then the root
+                                    (torchtitan's wrapping), optionally each layer compiled
+                                    (inductor) before sharding
+    fsdp2-module                    fully_shard on every module that holds parameters: FSDP2's
+                                    finest wrapping, its least memory
+    deepspeed / deepspeed-lean      stock ZeRO-3: DeepSpeed's defaults (which preallocate its
+                                    reduce and prefetch buckets: 3 GB at 5e8 elements); the lean
+                                    knobs (nothing kept gathered: max_live_parameters,
+                                    max_reuse_distance, prefetch_bucket_size and the persistence
+                                    threshold 0; reduce_bucket_size hidden^2, HF's "auto")
+    deepspeed(-lean)-compiled       the same plus engine.compile(backend="inductor")
+
+Precision "autocast": fp32 parameters and bf16 compute (ours and DeepSpeed: torch.autocast;
+FSDP2: its MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), how FSDP2 does it).
+"bf16": bf16 parameters (DeepSpeed "bf16" keeps fp32 master weights for its optimizer besides;
+ours and FSDP2 step on the bf16 parameters themselves).
+
+Each peer is a function (workload, precision, device) -> System. A peer that cannot run here
+raises Unavailable with the reason (DeepSpeed not installed, ...).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.profiler import record_function
+
+from deepcompile_remat.profile.workload import Workload, blocks, leaf_modules
+
+FWD_BWD = "dcr.peers.forward_backward"
+OPTIMIZER = "dcr.peers.optimizer"
+LR = 1e-4
+
+
+class Unavailable(RuntimeError):
+    """This peer cannot run here; the message says why."""
+
+
+@dataclass
+class System:
+    step: Callable[[dict], float]  # one training step on a micro-batch; returns its loss
+    close: Callable[[], None] = lambda: None
+    notes: list = field(default_factory=list)
+
+
+def _autocast(precision: str, device) -> contextlib.AbstractContextManager:
+    if precision == "autocast":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _plain_step(w: Workload, run, optimizer, precision: str, device, autocast=True):
+    def step(batch: dict) -> float:
+        with record_function(FWD_BWD):
+            with _autocast(precision, device) if autocast else contextlib.nullcontext():
+                loss = w.loss(run, batch)
+            loss.backward()
+        with record_function(OPTIMIZER):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step
+
+
+# --- ours ----------------------------------------------------------------------------------------
+
+def ours(kind: str):
+    def make(w: Workload, precision: str, device) -> System:
+        import deepcompile_remat as dcr
+        from deepcompile_remat import zero3
+
+        model = zero3.shard(w.build(precision, device))
+        run = torch.compile(model, backend=dcr.backend(kind))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        return System(_plain_step(w, run, optimizer, precision, device))
+
+    return make
+
+
+# --- DeepSpeed -------------------------------------------------------------------------------------
+
+def _deepspeed_available() -> None:
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError as e:
+        raise Unavailable(f"DeepSpeed is not installed ({e}); scripts/install.sh installs it")
+
+
+def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool) -> dict:
+    zero = {"stage": 3}
+    if lean:
+        zero.update(stage3_max_live_parameters=0, stage3_max_reuse_distance=0,
+                    stage3_prefetch_bucket_size=0, stage3_param_persistence_threshold=0,
+                    reduce_bucket_size=w.hidden * w.hidden)
+    cfg = {"train_micro_batch_size_per_gpu": w.batch, "gradient_accumulation_steps": 1,
+           "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True,
+           "zero_optimization": zero}
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    else:
+        cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    if ours_on:
+        cfg["deepcompile_remat"] = {"enabled": True, "backend": "inductor"}
+    return cfg
+
+
+def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = False):
+    def make(w: Workload, precision: str, device) -> System:
+        _deepspeed_available()
+        if torch.device(device).type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        from deepcompile_remat.deepspeed import initialize
+
+        model = w.build(precision, device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        engine, *_ = initialize(model=model, optimizer=optimizer,
+                                config=_ds_config(w, precision, lean, ours_on))
+        if compiled:
+            engine.compile(backend="inductor")
+
+        def step(batch: dict) -> float:
+            with record_function(FWD_BWD):
+                loss = w.loss(engine, batch)
+                engine.backward(loss)
+            with record_function(OPTIMIZER):
+                engine.step()
+            return float(loss.detach())
+
+        notes = ["DeepSpeed's torch_autocast"] if precision == "autocast" else []
+        return System(step, close=engine.destroy, notes=notes)
+
+    return make
+
+
+# --- FSDP2 -------------------------------------------------------------------------------------------
+
+def fsdp2(granularity: str, compiled: bool = False):
+    def make(w: Workload, precision: str, device) -> System:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        model = w.build(precision, device)
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if precision == "autocast" else MixedPrecisionPolicy())
+        units = blocks(model) if granularity == "block" else leaf_modules(model)
+        for unit in units:
+            if compiled:
+                unit.compile()  # per block, before sharding (torchtitan's order)
+            fully_shard(unit, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        # FSDP2's policy is its mixed precision: no torch.autocast on top.
+        return System(_plain_step(w, model, optimizer, precision, device, autocast=False),
+                      notes=["MixedPrecisionPolicy(bf16 params, fp32 reduce)"]
+                      if precision == "autocast" else [])
+
+    return make
+
+
+PEERS: dict = {
+    "ours-eager": ours("eager"),
+    "ours-inductor": ours("inductor"),
+    "ours-deepspeed": deepspeed(lean=False, ours_on=True),
+    "fsdp2-block": fsdp2("block"),
+    "fsdp2-block-compiled": fsdp2("block", compiled=True),
+    "fsdp2-module": fsdp2("module"),
+    "deepspeed": deepspeed(),
+    "deepspeed-lean": deepspeed(lean=True),
+    "deepspeed-compiled": deepspeed(compiled=True),
+    "deepspeed-lean-compiled": deepspeed(lean=True, compiled=True),
+}
