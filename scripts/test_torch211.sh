@@ -3,7 +3,7 @@
 # virtual environment of its own (.venv-torch211, git-ignored). CI stays on the pinned 2.13
 # (scripts/test.sh); this is the second version the code must pass on. PyPI's torch 2.11 wheel
 # carries its CUDA libraries (a few GB); it runs on the CPU all the same.
-#   bash scripts/test_torch211.sh [pytest args]
+#   bash scripts/test_torch211.sh [pytest args: paths, -k, -x ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${DCR_TORCH211_VENV:-.venv-torch211}"
@@ -21,4 +21,4 @@ PY="$VENV/bin/python"
 export TORCH_EXTENSIONS_DIR="$PWD/$VENV/torch_extensions"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
-"$PY" -m pytest tests "$@"
+"$PY" -m pytest "$@"  # pyproject testpaths: every test when no path is given

@@ -17,6 +17,8 @@ which takes over ZeRO-3 the same way for DeepCompile):
   - ZeRO's F.linear replacement (zero3_linear_wrap, an autograd.Function that saves the
     gathered weight); torch's F.linear restored, as init_z3 does.
   - persistent parameters (kept gathered between steps); released and no longer re-gathered.
+  - the gradient reduce buckets (optimizer.ipg_buckets[dtype].buffer, preallocated at
+    reduce_bucket_size): unused without its gradient hooks; shrunk to nothing.
 """
 from __future__ import annotations
 
@@ -79,6 +81,25 @@ def release_gathered_parameters(engine) -> None:
         if p.ds_status == ZeroParamStatus.AVAILABLE:
             p.partition()
     engine.optimizer.persistent_parameters.clear()  # _post_step all-gathers these
+
+
+def release_reduce_buckets(optimizer) -> int:
+    """DeepSpeed's gradient reduce buckets (IPG buckets: a contiguous buffer of
+    reduce_bucket_size elements per communication dtype, 5e8 by default: 2 GB fp32 plus 1 GB
+    bf16 under torch_autocast) serve only its gradient hooks, which the takeover removes:
+    shrink each to 0 elements (not None, so offload_states/reload_states keep working).
+    Returns the bytes released."""
+    released = 0
+    for bucket in optimizer.ipg_buckets.values():
+        buffer = getattr(bucket, "buffer", None)
+        if buffer is None or buffer.numel() == 0:
+            continue
+        if bucket.params:
+            raise RuntimeError("deepcompile_remat: DeepSpeed's reduce bucket holds gradients; "
+                               "take over before the first backward")
+        released += buffer.numel() * buffer.element_size()
+        bucket.buffer = buffer.new_empty(0)
+    return released
 
 
 def grad_partition(optimizer, param) -> torch.Tensor:

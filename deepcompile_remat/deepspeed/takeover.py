@@ -4,7 +4,9 @@ After deepspeed.initialize every parameter is a DeepSpeed ZeRO-3 parameter: an e
 placeholder whose rank-local slice lives in ``param.ds_tensor`` (1-D, padded, in the dtype
 DeepSpeed keeps: bf16 under "bf16", fp32 under "torch_autocast"). The takeover
 
-  1. removes DeepSpeed's gather/release and gradient hooks (_ds_internals.remove_zero3_hooks);
+  1. removes DeepSpeed's gather/release and gradient hooks (_ds_internals.remove_zero3_hooks)
+     and frees what only they used (its preallocated gradient reduce buckets, 3 GB at its
+     default reduce_bucket_size under torch_autocast);
   2. gives each parameter one *shard leaf*: an ``nn.Parameter`` aliasing ds_tensor's storage,
      so the optimizer's in-place updates of ds_tensor are what the next forward gathers;
   3. turns each module attribute into a property returning ``gather(leaf)`` (zero3.shard's
@@ -162,6 +164,7 @@ def take_over(engine, block: DeepSpeedBlock) -> Takeover:
                                "parameter (added after deepspeed.initialize?)")
     ds.remove_zero3_hooks(engine)
     ds.release_gathered_parameters(engine)
+    released = ds.release_reduce_buckets(optimizer)
 
     takeover = Takeover(block)
     leaves: dict = {}
@@ -199,6 +202,7 @@ def take_over(engine, block: DeepSpeedBlock) -> Takeover:
 
     compile_forward(block.backend)
     engine.compile = _engine_compile(takeover, block, compile_forward)
-    log.info("deepcompile_remat: took over %d DeepSpeed ZeRO-3 parameters (backend %s)",
-             len(takeover.leaves), block.backend)
+    log.info("deepcompile_remat: took over %d DeepSpeed ZeRO-3 parameters (backend %s); "
+             "released %.1f MB of DeepSpeed's unused gradient reduce buckets",
+             len(takeover.leaves), block.backend, released / 2**20)
     return takeover

@@ -81,6 +81,10 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
     # (its fp32 master, aliased) under "torch_autocast".
     kept = torch.bfloat16 if precision == "bf16" else torch.float32
     assert {leaf.dtype for _, leaf in ours.dcr_takeover.leaves} == {kept}
+    # DeepSpeed's gradient reduce buckets (preallocated, 2 GB fp32 + 1 GB bf16 at its default
+    # size) serve only the hooks the takeover removed: released.
+    assert all(b.buffer is None or b.buffer.numel() == 0
+               for b in ours.optimizer.ipg_buckets.values())
     initial = full_fp32_params(ours)
     zero3.CommStats.reset()
     with capture_partitions() as graphs:
