@@ -91,23 +91,11 @@ def _mallinfo2():
     return fn
 
 
-def _model(a: argparse.Namespace):
-    """(model, loss(engine, idx)): the built-in GPT or a transformers model."""
-    if a.model == "gpt":
-        from deepcompile_remat.bench.models import GPT
+def _workload(a: argparse.Namespace):
+    from deepcompile_remat.profile.workload import Workload
 
-        if a.checkpointing:
-            raise ValueError("--checkpointing needs a transformers --model (HF's own "
-                             "activation checkpointing)")
-        model = GPT(vocab=a.vocab, d=a.hidden, layers=a.layers, heads=a.heads, max_t=a.seq)
-        return model, lambda engine, idx: engine(idx).float().logsumexp(-1).mean()
-    from deepcompile_remat.bench import hf_models
-
-    model = hf_models.build(a.model, vocab=a.vocab, hidden=a.hidden, layers=a.layers,
-                            heads=a.heads, kv_heads=a.heads, seq=a.seq, dropout=0.0)
-    if a.checkpointing:
-        hf_models.enable_checkpointing(model, use_reentrant=False)
-    return model, lambda engine, idx: engine(input_ids=idx, labels=idx).loss
+    return Workload(model=a.model, layers=a.layers, hidden=a.hidden, heads=a.heads,
+                    vocab=a.vocab, seq=a.seq, batch=a.batch, checkpointing=a.checkpointing)
 
 
 def ds_config(setup: str, a: argparse.Namespace) -> dict:
@@ -142,18 +130,17 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
     rows = []
     for setup in a.setups:
         torch._dynamo.reset()
-        torch.manual_seed(0)
-        model, loss_of = _model(a)
+        workload = _workload(a)
+        model = workload.build("autocast")  # fp32 weights: DeepSpeed's bf16 mode casts them
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         engine, *_ = initialize(model=model, optimizer=opt, config=ds_config(setup, a))
         if setup == "stock-compiled":
             engine.compile(backend="inductor")
-        g = torch.Generator().manual_seed(rank)
-        idx = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
+        batch = workload.inputs(rank)
         losses = []
 
         def forward_backward():
-            loss = loss_of(engine, idx)
+            loss = workload.loss(engine, batch)
             engine.backward(loss)
             losses.append(loss.item())
             return loss.item()

@@ -3,6 +3,7 @@
     deepcompile-remat profile                      # the default matrix on 2 local CPU ranks
     deepcompile-remat profile --fake-world 8       # ... and an emulated world of 8 for memory
     deepcompile-remat profile --device cuda --world 1 --fake-world 8 --layers 24 --hidden 2048
+    deepcompile-remat profile --model llama --checkpointing    # a transformers model
 
 Writes the table to stdout and results.json, results.csv, table.txt, memory_timeline.png and
 peaks.png to --out; a progress line goes to stderr while it runs.
@@ -20,6 +21,7 @@ import sys
 import time
 
 from deepcompile_remat.profile.setups import BACKENDS, PRECISIONS, SETUPS
+from deepcompile_remat.profile.workload import Workload
 
 NAME = "profile"
 
@@ -44,7 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "process group: per-rank memory exact, collectives skipped)")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda when available")
-    g = parser.add_argument_group("model (GPT)")
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", default="gpt",
+                   help='"gpt" (built-in), a transformers preset (llama, qwen2, gpt2) or the path '
+                        "of a transformers config.json (random weights)")
+    g.add_argument("--checkpointing", action="store_true",
+                   help="HF's activation checkpointing on every layer (transformers models)")
     for name in ("layers", "hidden", "heads", "vocab", "seq", "batch"):
         g.add_argument(f"--{name}", type=int, default=d[name])
     g = parser.add_argument_group("run")
@@ -82,14 +89,14 @@ def _validate(args) -> None:
         raise SystemExit("deepcompile-remat profile: --warmup must be >= 0")
 
 
-def _run_pass(nprocs: int, world: int, emulated: bool, device: str, cells, size, opts,
+def _run_pass(nprocs: int, world: int, emulated: bool, device: str, cells, workload, opts,
               show_progress: bool) -> list:
     from deepcompile_remat.bench.ports import free_port
     from deepcompile_remat.bench.ranks import spawn_for_rows
     from deepcompile_remat.profile import measure
 
     return spawn_for_rows(measure.rank_main, nprocs, nprocs, world, emulated, free_port(),
-                          device, cells, size, opts, show_progress)
+                          device, cells, workload, opts, show_progress)
 
 
 def _machine(device: str) -> str:
@@ -113,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
     if device == "cuda" and args.world > torch.cuda.device_count():
         raise SystemExit(f"deepcompile-remat profile: --world {args.world} but only "
                          f"{torch.cuda.device_count()} GPUs")
-    size = measure.ModelSize(args.layers, args.hidden, args.heads, args.vocab, args.seq,
-                             args.batch)
+    workload = Workload(model=args.model, layers=args.layers, hidden=args.hidden,
+                        heads=args.heads, vocab=args.vocab, seq=args.seq, batch=args.batch,
+                        checkpointing=args.checkpointing)
+    parameters = sum(p.numel() for p in workload.build("autocast").parameters())
     opts = measure.RunOptions(warmup=args.warmup, steps=args.steps,
                               profiled_steps=args.profiled_steps)
     cells = matrix(args.backends, args.precisions, args.setups)
@@ -122,18 +131,19 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     rows = []
     if args.world:
-        rows += _run_pass(args.world, args.world, False, device, cells, size, opts, show)
+        rows += _run_pass(args.world, args.world, False, device, cells, workload, opts, show)
     if args.fake_world:  # memory only: its gathers skip the data, so its times mean nothing
         emulated_opts = dataclasses.replace(opts, warmup=0, steps=0)
-        rows += _run_pass(1, args.fake_world, True, device, cells, size, emulated_opts, show)
+        rows += _run_pass(1, args.fake_world, True, device, cells, workload, emulated_opts, show)
     wall = time.perf_counter() - t0
     meta = {
         "command": "deepcompile-remat profile " + " ".join(
             shlex.quote(a) for a in (sys.argv[2:] if sys.argv[1:2] == [NAME] else [])),
         "date": datetime.date.today().isoformat(), "wall_s": wall,
-        "model": size.describe(), "parameters": size.parameters(),
-        "size": {k: getattr(size, k) for k in ("layers", "hidden", "heads", "vocab", "seq",
-                                                "batch")},
+        "model": workload.describe(parameters), "parameters": parameters,
+        "size": {k: getattr(workload, k) for k in ("layers", "hidden", "heads", "vocab", "seq",
+                                                   "batch")},
+        "workload": dataclasses.asdict(workload),
         "world": args.world, "emulated_world": args.fake_world, "device": device,
         "dist_backend": "nccl" if device == "cuda" else "gloo",
         "torch": torch.__version__, "machine": _machine(device),
@@ -148,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     with open(os.path.join(args.out, "table.txt"), "w") as f:
         f.write(text + "\n")
     made = [] if args.no_plots else plots.write_all(rows, folded, args.out,
-                                                     size.describe())
+                                                     workload.describe(parameters))
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}))
     else:

@@ -3,7 +3,8 @@ backend, time steps, then profile one step.
 
 Memory is read from profiled steps after the timed ones (``profiled_steps``, each rank keeps
 the one with the smallest peak; see run_cell). A step (what every figure refers to):
-  forward   the compiled model under the cell's precision, then the loss (fp32 cross-entropy)
+  forward   the compiled model under the cell's precision, then the loss (fp32 cross-entropy;
+            profile/workload.py: the built-in GPT or a transformers model)
   backward  loss.backward(): the compiled backward, gradient shards reduce-scattered and
             accumulated into .grad
   release   .grad set to None (what zero_grad() does), so every step starts from the same state
@@ -26,27 +27,7 @@ from typing import Callable, Optional
 from deepcompile_remat.profile import memory
 from deepcompile_remat.profile.partitions import PartitionRecorder
 from deepcompile_remat.profile.setups import Cell
-
-
-@dataclass(frozen=True)
-class ModelSize:
-    layers: int
-    hidden: int
-    heads: int
-    vocab: int
-    seq: int
-    batch: int
-
-    def parameters(self) -> int:
-        d, v, t = self.hidden, self.vocab, self.seq
-        norms, qkv, proj = 2 * 2 * d, 3 * d * d + 3 * d, d * d + d
-        block = norms + qkv + proj + (4 * d * d + 4 * d) + (4 * d * d + d)
-        return self.layers * block + v * d + t * d + 2 * d + d * v
-
-    def describe(self) -> str:
-        return (f"GPT {self.layers} layers, hidden {self.hidden}, {self.heads} heads, vocab "
-                f"{self.vocab}, batch {self.batch} x seq {self.seq}: "
-                f"{self.parameters() / 1e6:.1f} M parameters")
+from deepcompile_remat.profile.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -57,29 +38,18 @@ class RunOptions:
     timeline_points: int = 1500
 
 
-def build_model(size: ModelSize, precision: str, device):
-    import torch
-
+def build_model(workload: Workload, precision: str, device):
+    """The workload's model (the same full weights on every rank), sharded over the group."""
     from deepcompile_remat import zero3
-    from deepcompile_remat.bench.models import GPT
 
-    torch.manual_seed(0)  # the same full weights on every rank, before sharding
-    with torch.device(device):  # built where it runs: a 1B model initializes in seconds
-        model = GPT(vocab=size.vocab, d=size.hidden, layers=size.layers, heads=size.heads,
-                    max_t=size.seq)
-    if precision == "bf16":
-        model = model.to(torch.bfloat16)
-    return zero3.shard(model)
+    return zero3.shard(workload.build(precision, device))
 
 
-def make_step(run, model, size: ModelSize, precision: str, device, rank: int) -> Callable:
+def make_step(run, model, workload: Workload, precision: str, device, rank: int) -> Callable:
     import torch
-    import torch.nn.functional as F
     from torch.profiler import record_function
 
-    g = torch.Generator().manual_seed(1000 + rank)  # each rank its own micro-batch
-    idx = torch.randint(0, size.vocab, (size.batch, size.seq), generator=g).to(device)
-    targets = torch.randint(0, size.vocab, (size.batch, size.seq), generator=g).to(device)
+    batch = workload.inputs(rank, device)  # each rank its own micro-batch
     params = list(model.parameters())
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) \
         if precision == "autocast" else contextlib.nullcontext
@@ -87,9 +57,7 @@ def make_step(run, model, size: ModelSize, precision: str, device, rank: int) ->
     def step(after_forward: Optional[Callable[[], None]] = None) -> None:
         with record_function(memory.FORWARD):
             with autocast():
-                logits = run(idx)
-            loss = F.cross_entropy(logits.float().view(-1, size.vocab), targets.view(-1))
-            del logits
+                loss = workload.loss(run, batch)
         if after_forward is not None:
             after_forward()
         with record_function(memory.BACKWARD):
@@ -109,7 +77,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_cell(cell: Cell, size: ModelSize, opts: RunOptions, rank: int, world: int, device,
+def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world: int, device,
              emulated: bool, exact_counter: bool,
              progress: Optional[Callable[[str], None]] = None) -> dict:
     import torch
@@ -121,9 +89,9 @@ def run_cell(cell: Cell, size: ModelSize, opts: RunOptions, rank: int, world: in
     say = progress or (lambda _msg: None)
     torch._dynamo.reset()
     recorder = PartitionRecorder()
-    model = build_model(size, cell.precision, device)
+    model = build_model(workload, cell.precision, device)
     run = torch.compile(model, backend=cell.compile_backend(recorder))
-    step = make_step(run, model, size, cell.precision, device, rank)
+    step = make_step(run, model, workload, cell.precision, device, rank)
 
     say("compiling")
     t0 = time.perf_counter()
@@ -226,7 +194,7 @@ class Progress:
 
 
 def rank_main(rank: int, nprocs: int, world: int, emulated: bool, port: int, device_kind: str,
-              cells: list, size: ModelSize, opts: RunOptions, show_progress: bool) -> list:
+              cells: list, workload: Workload, opts: RunOptions, show_progress: bool) -> list:
     """Entry point of one rank process (bench.ranks.spawn_for_rows): every cell, its rows."""
     import torch
     import torch._functorch.config as functorch_config
@@ -262,7 +230,7 @@ def rank_main(rank: int, nprocs: int, world: int, emulated: bool, port: int, dev
         for i, cell in enumerate(cells, 1):
             if progress:
                 progress.begin(i, cell.name)
-            rows.append(run_cell(cell, size, opts, rank, world, device, emulated, exact,
+            rows.append(run_cell(cell, workload, opts, rank, world, device, emulated, exact,
                                  progress))
             if progress:
                 r = rows[-1]

@@ -29,7 +29,7 @@ from deepcompile_remat.backends import parameter_indices_of
 from deepcompile_remat.fx_values import is_alias, value_bytes
 from deepcompile_remat.partition.fx_export import is_tangent
 
-_BLOCK = re.compile(r"\bblocks[._](\d+)\b")
+_BLOCK = re.compile(r"\b(?:blocks|layers|h)[._](\d+)\b")  # GPT, Llama/Qwen2, GPT2
 
 
 @dataclass
