@@ -119,6 +119,29 @@ def fill_slots(shards, slots, dtype) -> None:
         torch._foreach_copy_(list(slots), list(shards))
 
 
+def allgather_cast_packed(shards: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None,
+                          group=None) -> torch.Tensor:
+    """A bucket in ONE collective: every shard is cast into its piece of this rank's row of one
+    (world, sum of shard lengths) buffer, and the rows are gathered in place. Returns the buffer;
+    parameter i is column block i of it. One collective's latency for the whole bucket, at the
+    cost of a copy out per parameter (its columns are strided); allgather_cast gathers into
+    each parameter's own output instead (NCCL coalesces those into one group anyway)."""
+    world, rank = _world_and_rank(group)
+    if len(shards) == 0:
+        raise ValueError("allgather_cast_packed needs at least one shard")
+    dtype = shards[0].dtype if dtype is None else dtype
+    total = sum(s.numel() for s in shards)
+    buf = shards[0].new_empty(world * total, dtype=dtype)
+    row = buf.view(world, total)[rank]
+    with _device_guard(shards[0].device):
+        pieces = list(row.split([s.numel() for s in shards]))
+        fill_slots([s.reshape(-1) for s in shards], pieces, dtype)
+        if world > 1:
+            for work in gather_slots([buf], [row], group, shards[0].device, async_op=False):
+                work.wait()
+    return buf
+
+
 def allgather_cast(shards: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]] = None,
                    dtype: Optional[torch.dtype] = None, group=None, async_op: bool = False):
     """See the module docstring. Returns the list of outputs, or an AllGatherHandle."""

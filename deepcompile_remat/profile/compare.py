@@ -34,7 +34,8 @@ import time
 from deepcompile_remat.profile.workload import Workload
 
 NAME = "compare"
-DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-deepspeed", "fsdp2-block",
+DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-inductor-layer-buckets", "ours-deepspeed",
+                 "fsdp2-block",
                  "fsdp2-block-compiled", "fsdp2-module", "deepspeed", "deepspeed-lean",
                  "deepspeed-compiled", "deepspeed-lean-compiled")
 PRECISIONS = ("autocast", "bf16")
@@ -54,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("run")
     g.add_argument("--peers", nargs="+", choices=DEFAULT_PEERS, default=list(DEFAULT_PEERS))
     g.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    g.add_argument("--ours-config", default="{}", metavar="JSON",
+                   help='RematConfig fields for the ours-* systems, e.g. \'{"bucket_bytes": '
+                        '16777216}\' (the same keys as the DeepSpeed block)')
     g.add_argument("--world", type=int, default=2, help="local ranks (gloo on CPU, NCCL on GPU)")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--warmup", type=int, default=1, help="steps after the first (compiling) one")
@@ -116,7 +120,7 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
     system = None
     try:
         say("building")
-        system = PEERS[peer](w, precision, device)
+        system = PEERS[peer](w, precision, device, opts["ours_config"])
         row["notes"] = system.notes
         batch = w.inputs(rank, device)
         say("compiling / first step")
@@ -280,8 +284,15 @@ def run(args: argparse.Namespace) -> int:
                                               "seq", "batch", "checkpointing")}
     w = Workload(**workload)
     params = sum(p.numel() for p in w.build("autocast").parameters())
+    try:
+        ours_config = json.loads(args.ours_config)
+        from deepcompile_remat.config import RematConfig
+
+        RematConfig.from_dict(ours_config, where="--ours-config")  # a typo fails here, once
+    except (json.JSONDecodeError, ValueError) as e:
+        raise SystemExit(f"deepcompile-remat compare: {e}")
     opts = {"device": args.device, "warmup": args.warmup, "steps": args.steps,
-            "progress": not args.quiet}
+            "progress": not args.quiet, "ours_config": ours_config}
     t0 = time.perf_counter()
     rows = []
     for precision in args.precisions:
@@ -295,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
     meta = {"title": title, "command": "deepcompile-remat " + " ".join(sys.argv[1:]),
             "definition": "step = forward + backward + AdamW step + gradients released "
                           "(each system's own API); memory is the allocator's absolute total",
-            "wall_s": wall, "workload": workload, "parameters": params}
+            "wall_s": wall, "workload": workload, "parameters": params,
+            "ours_config": ours_config}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "folded": folded}, f, indent=1)

@@ -3,7 +3,11 @@ the same model, micro-batch, seed and ranks; a full training step each (forward,
 AdamW step, gradients released).
 
     ours-eager / ours-inductor      zero3.shard + torch.compile(backend=dcr.backend(kind)),
-                                    torch.optim.AdamW on the shards
+                                    torch.optim.AdamW on the shards; RematConfig's defaults
+                                    (gathers of at most 64 KB share a collective)
+    ours-inductor-layer-buckets     the same with bucket_bytes = one layer's weights in 16 bits:
+                                    gathers and reduce-scatters grouped like FSDP2's per-layer
+                                    all-gathers (fewer collectives, a layer gathered at once)
     ours-deepspeed                  stock DeepSpeed ZeRO-3 engine with the "deepcompile_remat"
                                     block (inductor): our takeover
     fsdp2-block / -block-compiled   PyTorch FSDP2 fully_shard on every layer, then the root
@@ -23,8 +27,9 @@ FSDP2: its MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), how FSDP2 
 "bf16": bf16 parameters (DeepSpeed "bf16" keeps fp32 master weights for its optimizer besides;
 ours and FSDP2 step on the bf16 parameters themselves).
 
-Each peer is a function (workload, precision, device) -> System. A peer that cannot run here
-raises Unavailable with the reason (DeepSpeed not installed, ...).
+Each peer is a function (workload, precision, device, remat) -> System, where `remat` is a dict
+of RematConfig fields for ours (compare --ours-config; the others ignore it). A peer that cannot
+run here raises Unavailable with the reason (DeepSpeed not installed, ...).
 """
 from __future__ import annotations
 
@@ -76,13 +81,22 @@ def _plain_step(w: Workload, run, optimizer, precision: str, device, autocast=Tr
 
 # --- ours ----------------------------------------------------------------------------------------
 
-def ours(kind: str):
-    def make(w: Workload, precision: str, device) -> System:
+def _layer_bytes(model: torch.nn.Module) -> int:
+    """One layer's weights in 16 bits (what its gathers move under autocast or bf16)."""
+    return max(sum(p.numel() for p in block.parameters()) for block in blocks(model)) * 2
+
+
+def ours(kind: str, layer_buckets: bool = False):
+    def make(w: Workload, precision: str, device, remat: dict) -> System:
         import deepcompile_remat as dcr
         from deepcompile_remat import zero3
 
-        model = zero3.shard(w.build(precision, device))
-        run = torch.compile(model, backend=dcr.backend(kind))
+        model = w.build(precision, device)
+        if layer_buckets:
+            remat = {**remat, "bucket_bytes": _layer_bytes(model)}
+        config = dcr.RematConfig(**remat)
+        model = zero3.shard(model, config=config)
+        run = torch.compile(model, backend=dcr.backend(kind, config))
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         return System(_plain_step(w, run, optimizer, precision, device))
 
@@ -98,7 +112,7 @@ def _deepspeed_available() -> None:
         raise Unavailable(f"DeepSpeed is not installed ({e}); scripts/install.sh installs it")
 
 
-def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool) -> dict:
+def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool, remat: dict) -> dict:
     zero = {"stage": 3}
     if lean:
         zero.update(stage3_max_live_parameters=0, stage3_max_reuse_distance=0,
@@ -112,12 +126,12 @@ def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool) -> dict:
     else:
         cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     if ours_on:
-        cfg["deepcompile_remat"] = {"enabled": True, "backend": "inductor"}
+        cfg["deepcompile_remat"] = {"enabled": True, "backend": "inductor", **remat}
     return cfg
 
 
 def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = False):
-    def make(w: Workload, precision: str, device) -> System:
+    def make(w: Workload, precision: str, device, remat: dict) -> System:
         _deepspeed_available()
         if torch.device(device).type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -126,7 +140,7 @@ def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = Fal
         model = w.build(precision, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         engine, *_ = initialize(model=model, optimizer=optimizer,
-                                config=_ds_config(w, precision, lean, ours_on))
+                                config=_ds_config(w, precision, lean, ours_on, remat))
         if compiled:
             engine.compile(backend="inductor")
 
@@ -147,7 +161,7 @@ def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = Fal
 # --- FSDP2 -------------------------------------------------------------------------------------------
 
 def fsdp2(granularity: str, compiled: bool = False):
-    def make(w: Workload, precision: str, device) -> System:
+    def make(w: Workload, precision: str, device, remat: dict) -> System:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         model = w.build(precision, device)
@@ -171,6 +185,7 @@ def fsdp2(granularity: str, compiled: bool = False):
 PEERS: dict = {
     "ours-eager": ours("eager"),
     "ours-inductor": ours("inductor"),
+    "ours-inductor-layer-buckets": ours("inductor", layer_buckets=True),
     "ours-deepspeed": deepspeed(lean=False, ours_on=True),
     "fsdp2-block": fsdp2("block"),
     "fsdp2-block-compiled": fsdp2("block", compiled=True),

@@ -189,27 +189,16 @@ def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_nam
     """One collective for a bucket of small parameters: every shard is cast into this rank's
     slot of one buffer, the buffer is gathered once, and each full parameter is copied out.
     Used by the schedule (zero3/schedule.py) inside already-differentiated graphs: no autograd."""
+    from deepcompile_remat import ops as kernels
+
     _check_bucket(shards)
-    dtype = shards[0].dtype if dtype is None else dtype
     sizes = [s.numel() for s in shards]
-    total = sum(sizes)
-    buf = shards[0].new_empty(world_size * total, dtype=dtype)
-    rows = buf.view(world_size, total)
-    if world_size == 1:
-        offset = 0
-        for s, n in zip(shards, sizes):
-            rows[0, offset:offset + n].copy_(s.reshape(-1))
-            offset += n
-    else:
-        # One shard of the bucket's own: this rank's pieces, side by side, cast on the way.
-        local = torch.cat([s.reshape(-1) for s in shards])
-        _gather_into([local], [buf], dtype, resolve_group(group_name))
+    group = resolve_group(group_name) if dist.is_initialized() else None
+    buf = kernels.allgather_cast_packed(shards, dtype, group)  # one collective, cast on the way
+    if world_size > 1:
         _count_gather(buf, world_size)
-    outs, offset = [], 0
-    for n in sizes:
-        outs.append(rows[:, offset:offset + n].reshape(-1).clone())
-        offset += n
-    return outs
+    rows = buf.view(world_size, sum(sizes))
+    return [block.reshape(-1).clone() for block in rows.split(sizes, dim=1)]
 
 
 def _check_one_buffer(op: str, what: str, tensors) -> None:
