@@ -1,4 +1,4 @@
-"""`deepcompile-remat compare` (also `profile --peers`): ours against what a user would pick
+"""`deepcompile-remat compare`: ours against what a user would pick
 instead (profile/peers.py), on the same model, micro-batch, seed and ranks, a full training step
 with AdamW each.
 
@@ -20,7 +20,9 @@ Per system and precision, on every rank (folded: the largest over ranks):
 CPU memory is the CPU allocator's running total made exact in every thread
 (memory.exact_cpu_counter, set before anything is allocated); on a GPU the CUDA allocator's.
 Each system runs in processes of its own, so nothing one leaves behind counts for the next.
-A system that cannot run here says why in its row.
+A system that cannot run here says why in its row. What the rank processes print (DeepSpeed's
+banners, library warnings) goes to <out>/logs/<system>-<precision>.rank<r>.log, not the terminal:
+the terminal shows one progress line and the table.
 """
 from __future__ import annotations
 
@@ -97,6 +99,9 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
                       MASTER_PORT=str(port))
     if device_type == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
+    say = (_progress(f"[{peer} {precision}] ") if opts["progress"] and rank == 0
+           else (lambda msg: None))
+    log = _log_to_file(os.path.join(opts["log_dir"], f"{peer}-{precision}.rank{rank}.log"))
     from deepcompile_remat.profile import memory
 
     exact = memory.exact_cpu_counter() if device_type == "cpu" else True  # before allocating
@@ -115,8 +120,6 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
     w = Workload(**workload)
     row = {"peer": peer, "precision": precision, "rank": rank, "world": world,
            "exact_counter": exact}
-    say = (lambda msg: print(f"\r[{peer} {precision}] {msg:<40}", end="", file=sys.stderr,
-                             flush=True)) if opts["progress"] and rank == 0 else (lambda m: None)
     system = None
     try:
         say("building")
@@ -151,14 +154,54 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
     except Unavailable as e:
         row["unavailable"] = str(e)
     except Exception as e:  # noqa: BLE001  (a peer that fails here says why in its row)
-        row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        import traceback
+
+        traceback.print_exc()  # into the log; the row says where it is
+        first = str(e).splitlines()[0] if str(e) else ""
+        row["failed"] = f"{type(e).__name__}: {first}"[:300] + f" (log: {log})"
     finally:
         if system is not None:
             system.close()
         dist.destroy_process_group()
-    if opts["progress"] and rank == 0:
-        print("\r" + " " * 80 + "\r", end="", file=sys.stderr, flush=True)
+    say(None)
     return [row]
+
+
+def _progress(prefix: str):
+    """A progress line on the terminal's stderr, kept when fds 1 and 2 go to the log: rewritten
+    in place on a terminal, a line per stage otherwise (CI logs). say(None) clears it."""
+    stream = os.fdopen(os.dup(2), "w", buffering=1)
+    tty = stream.isatty()
+    width = [0]
+
+    def say(msg):
+        if msg is None:
+            if tty:
+                stream.write("\r" + " " * width[0] + "\r")
+            stream.flush()
+            return
+        text = prefix + msg
+        if tty:
+            stream.write("\r" + text.ljust(width[0]))
+            width[0] = max(width[0], len(text))
+        else:
+            stream.write(text + "\n")
+        stream.flush()
+
+    return say
+
+
+def _log_to_file(path: str) -> str:
+    """Sends this process's fds 1 and 2 (Python's print and warnings, and C++ and DeepSpeed's own
+    output) to `path`."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return path
 
 
 def fold(rows: list) -> list:
@@ -206,18 +249,19 @@ def render(folded: list, meta: dict) -> str:
     from deepcompile_remat.profile.report import unit_of
 
     scale, unit = unit_of([e["step_peak_bytes"] for e in folded])
+    name = max([len("system")] + [len(e["peer"]) for e in folded])
     lines = [meta["title"], meta["definition"], ""]
-    head = (f"{'precision':<9} {'system':<24} {'step peak':>10} {'at rest':>9} "
+    head = (f"{'precision':<9} {'system':<{name}} {'step peak':>10} {'at rest':>9} "
             f"{'transient':>10} {'step s':>8} {'cpu s':>7} {'colls':>6} {'step-1 loss':>12}")
     lines += [f"memory in {unit} per rank (largest rank); time: median step", head,
               "-" * len(head)]
     for e in folded:
         if e["why_not"] is not None:
-            lines.append(f"{e['precision']:<9} {e['peer']:<24} not run: {e['why_not']}")
+            lines.append(f"{e['precision']:<9} {e['peer']:<{name}} not run: {e['why_not']}")
             continue
         mark = "" if e.get("loss_ok", True) else "  !loss"
         lines.append(
-            f"{e['precision']:<9} {e['peer']:<24} {e['step_peak_bytes'] / scale:>10.1f} "
+            f"{e['precision']:<9} {e['peer']:<{name}} {e['step_peak_bytes'] / scale:>10.1f} "
             f"{e['at_rest_bytes'] / scale:>9.1f} {e['transient_bytes'] / scale:>10.1f} "
             f"{e['step_s']:>8.3f} {e['cpu_s']:>7.3f} {e['collectives']:>6.0f} "
             f"{e['step1_losses'][0]:>12.4f}{mark}")
@@ -225,9 +269,13 @@ def render(folded: list, meta: dict) -> str:
     if any(not e.get("loss_ok", True) for e in folded):
         lines.append("!loss: step-1 loss differs from the reference system's by more than "
                      f"{LOSS_RTOL:.0%} on some rank (reference: ours-eager).")
-    notes = sorted({f"{e['peer']}: {n}" for e in folded for n in e["notes"]})
+    notes = {}
+    for e in folded:
+        for n in e["notes"]:
+            notes.setdefault(e["peer"], set()).add(n)
     if notes:
-        lines.append("notes: " + "; ".join(notes))
+        lines.append("notes:")
+        lines += [f"  {peer}: {'; '.join(sorted(ns))}" for peer, ns in notes.items()]
     return "\n".join(lines)
 
 
@@ -292,7 +340,8 @@ def run(args: argparse.Namespace) -> int:
     except (json.JSONDecodeError, ValueError) as e:
         raise SystemExit(f"deepcompile-remat compare: {e}")
     opts = {"device": args.device, "warmup": args.warmup, "steps": args.steps,
-            "progress": not args.quiet, "ours_config": ours_config}
+            "progress": not args.quiet, "ours_config": ours_config,
+            "log_dir": os.path.abspath(os.path.join(args.out, "logs"))}
     t0 = time.perf_counter()
     rows = []
     for precision in args.precisions:

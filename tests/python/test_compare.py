@@ -78,3 +78,30 @@ def test_a_system_that_cannot_run_says_why():
     assert "deepspeed                not run: DeepSpeed is not installed" in text
     by = {e["peer"]: e for e in folded}
     assert not by["fsdp2-module"]["loss_ok"] and "!loss" in text  # 4.5 vs 4.0: marked
+
+
+def test_terminal_shows_progress_and_table_only(tmp_path):
+    """Rank processes' output (DeepSpeed's banners, torch's deprecation warnings, kineto's
+    profiler lines) goes to per-rank logs; the terminal gets the progress line and the table."""
+    import subprocess
+    import sys
+
+    peers = ["ours-eager"] + (["deepspeed-lean"] if importlib.util.find_spec("deepspeed")
+                              else [])
+    args = [a for a in TINY if a != "--quiet"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "deepcompile_remat.cli", "compare", *args, "--peers", *peers,
+         "--precisions", "bf16", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    progress = [line for line in proc.stderr.splitlines() if line.strip()]
+    stray = [line for line in progress if not line.startswith(tuple(f"[{p} bf16] "
+                                                                      for p in peers))]
+    assert not stray, stray[:10]
+    assert any(line.endswith("profiling a step") for line in progress)
+    table = proc.stdout
+    assert "Warning" not in table and "USDT" not in table and "DeepSpeed" not in table.split(
+        "notes:")[0]
+    for peer in peers:
+        assert f"bf16      {peer}" in table
+        assert (tmp_path / "logs" / f"{peer}-bf16.rank0.log").exists()
