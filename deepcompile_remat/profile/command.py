@@ -21,15 +21,11 @@ import sys
 import time
 
 from deepcompile_remat.profile.setups import BACKENDS, PRECISIONS, SETUPS
-from deepcompile_remat.profile.workload import Workload
+from deepcompile_remat.profile.workload import add_model_arguments, workload_from_args
 
 NAME = "profile"
 
-# Weights dominate (hidden 512 at 16 tokens) and the bf16 GEMMs this CPU emulates stay small;
-# two layers keep inductor's compile, most of the run, inside 3 minutes on 2 cores even with a
-# cold kernel cache (the 12 cells compile ~100 C++ kernels the first time).
-DEFAULTS = {"layers": 2, "hidden": 512, "heads": 8, "vocab": 512, "seq": 16, "batch": 1,
-            "world": 2, "warmup": 1, "steps": 5, "profiled_steps": 2}
+DEFAULTS = {"world": 2, "warmup": 1, "steps": 5, "profiled_steps": 2}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,14 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "process group: per-rank memory exact, collectives skipped)")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda when available")
-    g = parser.add_argument_group("model")
-    g.add_argument("--model", default="gpt",
-                   help='"gpt" (built-in), a transformers preset (llama, qwen2, gpt2) or the path '
-                        "of a transformers config.json (random weights)")
-    g.add_argument("--checkpointing", action="store_true",
-                   help="HF's activation checkpointing on every layer (transformers models)")
-    for name in ("layers", "hidden", "heads", "vocab", "seq", "batch"):
-        g.add_argument(f"--{name}", type=int, default=d[name])
+    add_model_arguments(parser)
     g = parser.add_argument_group("run")
     g.add_argument("--warmup", type=int, default=d["warmup"], help="steps after the compile")
     g.add_argument("--steps", type=int, default=d["steps"], help="timed steps (median)")
@@ -79,10 +68,7 @@ def _device(kind: str) -> str:
 def _validate(args) -> None:
     if args.world < 0 or args.fake_world < 0 or (args.world == 0 and args.fake_world == 0):
         raise SystemExit("deepcompile-remat profile: need --world >= 1 or --fake-world >= 1")
-    if args.hidden % args.heads:
-        raise SystemExit("deepcompile-remat profile: --hidden must be a multiple of --heads")
-    for name in ("layers", "hidden", "heads", "vocab", "seq", "batch", "steps",
-                 "profiled_steps"):
+    for name in ("steps", "profiled_steps"):
         if getattr(args, name) < 1:
             raise SystemExit(f"deepcompile-remat profile: --{name} must be >= 1")
     if args.warmup < 0:
@@ -120,9 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if device == "cuda" and args.world > torch.cuda.device_count():
         raise SystemExit(f"deepcompile-remat profile: --world {args.world} but only "
                          f"{torch.cuda.device_count()} GPUs")
-    workload = Workload(model=args.model, layers=args.layers, hidden=args.hidden,
-                        heads=args.heads, vocab=args.vocab, seq=args.seq, batch=args.batch,
-                        checkpointing=args.checkpointing)
+    workload = workload_from_args(args, NAME)
     parameters = sum(p.numel() for p in workload.build("autocast").parameters())
     opts = measure.RunOptions(warmup=args.warmup, steps=args.steps,
                               profiled_steps=args.profiled_steps)

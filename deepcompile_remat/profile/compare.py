@@ -27,33 +27,25 @@ the terminal shows one progress line and the table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
 import sys
 import time
 
-from deepcompile_remat.profile.workload import Workload
+from deepcompile_remat.profile.workload import Workload, add_model_arguments, workload_from_args
 
 NAME = "compare"
 DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-inductor-layer-buckets", "ours-deepspeed",
-                 "fsdp2-block",
-                 "fsdp2-block-compiled", "fsdp2-module", "deepspeed", "deepspeed-lean",
-                 "deepspeed-compiled", "deepspeed-lean-compiled")
+                 "fsdp2-block", "fsdp2-block-compiled", "fsdp2-module",
+                 "deepspeed", "deepspeed-lean", "deepspeed-compiled", "deepspeed-lean-compiled")
 PRECISIONS = ("autocast", "bf16")
 LOSS_RTOL = 2e-2  # bf16 compute: 8 bits of mantissa, summed over a vocabulary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("model")
-    g.add_argument("--model", default="gpt",
-                   help='"gpt" (built-in), a transformers preset (llama, qwen2, gpt2) or the path '
-                        "of a transformers config.json (random weights)")
-    g.add_argument("--checkpointing", action="store_true",
-                   help="HF's activation checkpointing on every layer (transformers models)")
-    for name, default in (("layers", 2), ("hidden", 512), ("heads", 8), ("vocab", 512),
-                          ("seq", 16), ("batch", 1)):
-        g.add_argument(f"--{name}", type=int, default=default)
+    add_model_arguments(parser)
     g = parser.add_argument_group("run")
     g.add_argument("--peers", nargs="+", choices=DEFAULT_PEERS, default=list(DEFAULT_PEERS))
     g.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
@@ -324,13 +316,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.world < 1 or args.steps < 1 or args.warmup < 0:
         raise SystemExit("deepcompile-remat compare: --world and --steps >= 1, --warmup >= 0")
-    if args.hidden % args.heads:
-        raise SystemExit("deepcompile-remat compare: --hidden must be a multiple of --heads")
     if args.device == "cuda" and torch.cuda.device_count() < args.world:
         raise SystemExit(f"deepcompile-remat compare: --world {args.world} needs that many GPUs")
-    workload = {k: getattr(args, k) for k in ("model", "layers", "hidden", "heads", "vocab",
-                                              "seq", "batch", "checkpointing")}
-    w = Workload(**workload)
+    w = workload_from_args(args, NAME)
+    workload = dataclasses.asdict(w)
     params = sum(p.numel() for p in w.build("autocast").parameters())
     try:
         ours_config = json.loads(args.ours_config)

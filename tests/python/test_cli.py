@@ -92,3 +92,14 @@ def test_profile_two_ranks(tmp_path, capsys):
 def test_profile_rejects_a_run_without_ranks():
     with pytest.raises(SystemExit):
         cli.main(["profile", "--world", "0"])
+
+
+@pytest.mark.parametrize("command,flags,flag", [
+    ("profile", ["--layers", "0"], "--layers"),
+    ("compare", ["--hidden", "100"], "--hidden"),
+    ("compare", ["--seq", "-1"], "--seq"),
+])
+def test_model_flags_are_checked_before_anything_runs(command, flags, flag):
+    """Both measuring commands share the model flags (profile/workload.py) and their checks."""
+    with pytest.raises(SystemExit, match=f"deepcompile-remat {command}: {flag}"):
+        cli.main([command, *flags])

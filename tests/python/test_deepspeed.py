@@ -19,8 +19,8 @@ import deepcompile_remat as dcr  # noqa: E402
 from deepcompile_remat import zero3  # noqa: E402
 from deepcompile_remat.bench.models import GPT  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
-from ds_utils import (assert_deepspeed_never_gathered, ds_config, full_fp32_params,  # noqa: E402
-                      rank_env)
+from ds_utils import (assert_deepspeed_never_gathered, assert_weights_match_and_moved,  # noqa: E402
+                      ds_config, full_fp32_params, rank_env)
 from graph_checks import capture_partitions, parameter_copies_saved  # noqa: E402
 
 STEPS = 5
@@ -98,12 +98,7 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
     torch.testing.assert_close(losses, ref_losses, rtol=0, atol=1e-3)
     assert len(norms) == STEPS and min(ref_norms) < 0.4 < max(ref_norms), ref_norms
     torch.testing.assert_close(torch.tensor(norms), torch.tensor(ref_norms), rtol=1e-2, atol=0)
-    moved = 0.0
-    for name, want in ref.items():
-        torch.testing.assert_close(full[name], want, rtol=0, atol=2e-3,
-                                   msg=lambda m: f"{name}: {m}")
-        moved = max(moved, (full[name] - initial[name]).abs().max().item())
-    assert moved > 0.05, "parameters barely moved: the comparison would pass vacuously"
+    assert_weights_match_and_moved(full, ref, initial, atol=2e-3, min_move=0.05)
 
     # No gathered (or cast) weight is saved for the backward: our reports, and an independent
     # walk of the saved values.

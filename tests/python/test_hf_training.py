@@ -139,8 +139,8 @@ def _engine(config, preset, checkpointing, zero_init=False):
 
 
 def _takeover(rank, world, preset, kind, precision, checkpointing, zero_init=False):
-    from ds_utils import (assert_deepspeed_never_gathered, ds_config, full_fp32_params,
-                          rank_env)
+    from ds_utils import (assert_deepspeed_never_gathered, assert_weights_match_and_moved,
+                          ds_config, full_fp32_params, rank_env)
 
     rank_env(rank, world)
     results = {}
@@ -166,12 +166,7 @@ def _takeover(rank, world, preset, kind, precision, checkpointing, zero_init=Fal
     # Measured: losses within 3e-4 (1e-2 on a zero.Init model, whose untouched init gives
     # losses of ~45), fp32 master weights within 2.4e-4.
     torch.testing.assert_close(losses, ref_losses, rtol=3e-4 if zero_init else 0, atol=1e-3)
-    moved = 0.0
-    for name, want in ref.items():
-        torch.testing.assert_close(full[name], want, rtol=0, atol=2e-3,
-                                   msg=lambda m: f"{name}: {m}")
-        moved = max(moved, (full[name] - initial[name]).abs().max().item())
-    assert moved > 0.01, "weights barely moved: the comparison would pass vacuously"
+    assert_weights_match_and_moved(full, ref, initial, atol=2e-3, min_move=0.01)
 
 
 @pytest.mark.parametrize("preset,kind,precision,checkpointing", TAKEOVER_CASES)
