@@ -58,11 +58,12 @@ class _Records(logging.Handler):
         self.messages.append((record.levelno, record.getMessage()))
 
 
-def _train(rank, out_dir, precision, on, backend=None, compile_backend=None):
+def _train(rank, out_dir, precision, on, backend=None, compile_backend=None,
+           checkpointing=False):
     import transformers
 
     from deepcompile_remat.bench import hf_models
-    from ds_utils import full_fp32_params
+    from ds_utils import assert_deepspeed_never_gathered, full_fp32_params
 
     torch._dynamo.reset()
     dcr.clear_reports()
@@ -71,7 +72,7 @@ def _train(rank, out_dir, precision, on, backend=None, compile_backend=None):
         deepspeed=_ds_config(precision, on, backend), report_to=[], logging_steps=1,
         save_strategy="no", learning_rate=1e-2, use_cpu=True, bf16=precision == "bf16",
         dataloader_num_workers=0, seed=0, torch_compile=compile_backend is not None,
-        torch_compile_backend=compile_backend)
+        torch_compile_backend=compile_backend, activation_checkpointing=checkpointing)
     torch.manual_seed(0)
     model = hf_models.build("llama", vocab=VOCAB, layers=2, hidden=64, dropout=0.0)
     assert hasattr(next(model.parameters()), "ds_id"), "HF did not build under zero.Init"
@@ -80,7 +81,12 @@ def _train(rank, out_dir, precision, on, backend=None, compile_backend=None):
     engine = trainer.model_wrapped
     result = {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
               "takeover": getattr(engine, "dcr_takeover", None), "reports": dcr.reports(),
-              "grad_acc_hooks": len(engine.optimizer._grad_acc_hooks)}
+              "grad_acc_hooks": len(engine.optimizer._grad_acc_hooks),
+              "checkpointing": model.is_activation_checkpointing}
+    if on:
+        # DeepSpeed's gather hooks gone: no parameter was ever gathered by DeepSpeed
+        # (save_model below gathers on purpose, through DeepSpeed's own GatheredParameters).
+        assert_deepspeed_never_gathered(engine)
     trainer.save_model(out_dir)
     result["params"] = full_fp32_params(engine)
     del trainer, args, model, engine
@@ -88,14 +94,15 @@ def _train(rank, out_dir, precision, on, backend=None, compile_backend=None):
     return result
 
 
-def _trainer_run(rank, world, precision, tmp, backend, compile_backend):
+def _trainer_run(rank, world, precision, tmp, backend, compile_backend, checkpointing):
     from safetensors.torch import load_file
 
     import deepcompile_remat.deepspeed as dcr_ds
-    from ds_utils import assert_deepspeed_never_gathered, rank_env  # noqa: F401
+    from ds_utils import rank_env
 
     rank_env(rank, world)
-    stock = _train(rank, os.path.join(tmp, "stock"), precision, False)
+    stock = _train(rank, os.path.join(tmp, "stock"), precision, False,
+                   checkpointing=checkpointing)
     assert stock["takeover"] is None and stock["reports"] == []
 
     records = _Records()
@@ -103,7 +110,8 @@ def _trainer_run(rank, world, precision, tmp, backend, compile_backend):
     dcr_ds.install()
     dcr_ds.install()  # idempotent
     try:
-        ours = _train(rank, os.path.join(tmp, "ours"), precision, True, backend, compile_backend)
+        ours = _train(rank, os.path.join(tmp, "ours"), precision, True, backend, compile_backend,
+                      checkpointing)
     finally:
         dcr_ds.uninstall()
         logging.getLogger("deepcompile_remat").removeHandler(records)
@@ -112,6 +120,8 @@ def _trainer_run(rank, world, precision, tmp, backend, compile_backend):
     # Taken over: our partitioner ran, DeepSpeed's gradient hooks are gone.
     assert ours["takeover"] is not None and ours["reports"], "the block was ignored"
     assert ours["grad_acc_hooks"] == 0
+    # Trainer turned checkpointing on in both runs (its regions used to make ours raise).
+    assert ours["checkpointing"] == stock["checkpointing"] == checkpointing
     # Measured: losses within 7e-4 (eager, autocast) of stock DeepSpeed.
     torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(stock["losses"]),
                                rtol=0, atol=3e-3)
@@ -137,16 +147,20 @@ def _trainer_run(rank, world, precision, tmp, backend, compile_backend):
         assert not warnings, warnings
 
 
-@pytest.mark.parametrize("precision,backend,compile_backend", [
-    ("autocast", "eager", "inductor"),   # Trainer asks inductor; the block says eager: a warning
-    ("bf16", None, "aot_eager"),         # the block leaves it to Trainer: our eager kind
+@pytest.mark.parametrize("precision,backend,compile_backend,checkpointing", [
+    ("autocast", "eager", "inductor", False),  # Trainer asks inductor; the block says eager: warn
+    ("bf16", None, "aot_eager", False),         # the block leaves it to Trainer: our eager kind
+    ("autocast", "eager", None, True),          # Trainer's activation_checkpointing=True
 ])
-def test_trainer_with_the_block_takes_over(tmp_path, precision, backend, compile_backend):
+def test_trainer_with_the_block_takes_over(tmp_path, precision, backend, compile_backend,
+                                           checkpointing):
     """Before: Trainer (Accelerate) calls deepspeed.initialize itself, so the block was
-    silently ignored and stock DeepSpeed ran; and torch_compile=True was dropped with an INFO
-    line. Silent bugs guarded: the block ignored, losses off stock, save_model writing stale
-    or empty weights, a compile backend request dropped without a word."""
-    run_ranks(_trainer_run, 2, precision, str(tmp_path), backend, compile_backend)
+    silently ignored and stock DeepSpeed ran; torch_compile=True was dropped with an INFO
+    line; and activation checkpointing made our partitioner raise (SDPA's RNG tag against the
+    region's recompute request). Silent bugs guarded: the block ignored, DeepSpeed still
+    gathering, losses off stock, save_model writing stale or empty weights, a compile backend
+    request dropped without a word."""
+    run_ranks(_trainer_run, 2, precision, str(tmp_path), backend, compile_backend, checkpointing)
 
 
 def test_install_is_idempotent_reversible_and_never_recurses(monkeypatch):
