@@ -51,12 +51,15 @@ class RematConfig:
     backward, gradients of at most this many bytes share reduce-scatters of at most this many
     bytes in all. 0: no buckets."""
     async_gathers: AsyncGathers = "auto"
-    """Issue a gather the schedule moved ahead of its use as an async start/wait pair (torch's
-    functional collectives) so communication overlaps compute. "auto": only where the
-    collective runs on its own stream (NCCL); gloo on CPU shares the cores it would overlap
-    with. "on" / "off": always / never. Over gloo at most one gather is in flight at a time:
-    torch 2.13's functional collectives on gloo corrupt the heap with two or more
-    outstanding (scripts/repro_gloo_functional_collectives.py)."""
+    """Issue a gather the schedule moved ahead of its use as an async start/wait pair
+    (dcr::allgather_cast_start / dcr::allgather_cast_wait: the same cast into the slot and
+    in-place gather as every other gather, its collective left in flight in between) so
+    communication overlaps compute. "auto": only where the collective runs on its own stream
+    (NCCL); gloo on CPU shares the cores it would overlap with. "on" / "off": always / never.
+    Over gloo at most one gather is in flight at a time, a precaution kept from when gathers
+    were torch's functional collectives, which corrupt the heap on gloo with two or more
+    outstanding; the plain-API pattern the gathers use now (async_op=True) ran clean in the
+    same repro (scripts/repro_gloo_functional_collectives.py, "plain")."""
     cse: bool = True
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = field(default=1000, metadata={"min": 0})

@@ -2,7 +2,9 @@
 more are in flight at once (seen on torch 2.13.0 CPU: "malloc(): unaligned tcache chunk
 detected", SIGSEGV/SIGABRT within seconds). The same pattern through the plain API
 (dist.all_gather_into_tensor(async_op=True)) runs clean, and so does one functional gather in
-flight at a time, which is why zero3/schedule.py limits gloo to one (limit_in_flight).
+flight at a time. This is why zero3/schedule.py limited gloo to one gather in flight
+(limit_in_flight) when the runtime's prefetch used functional collectives; it now gathers
+through the plain API (ops/collectives.py gather_slots) and keeps the limit as a precaution.
 
     python scripts/repro_gloo_functional_collectives.py [IN_FLIGHT] [functional|plain]
 

@@ -10,9 +10,11 @@ outputs[i][r * n_i : (r + 1) * n_i].
 
 Cast before gather: each shard is cast straight into this rank's slot of its output and the
 slots are then all-gathered in place (collectives.gather_slots), so a bf16/fp16 gather moves
-half the bytes of an fp32 one and no full fp32 copy of the weight is ever made. One function
-serves every gather of the runtime, synchronous (dcr::allgather_cast) and prefetched
-(dcr::allgather_cast_start / _wait): the start is this call with async_op=True.
+half the bytes of an fp32 one and no full fp32 copy of the weight is ever made. One cast +
+gather path serves every gather of the runtime: fill_slots then gather_slots, under the shards'
+device, shared by the single form (allgather_cast: dcr::allgather_cast, and the prefetched
+dcr::allgather_cast_start / _wait, whose start is this call with async_op=True) and the packed
+form (allgather_cast_packed: a bucket, dcr::allgather_cast_bucket, in one collective).
 
     slot fill   CUDA: deepcompile_remat._cuda casts every shard in one launch on the current
                 stream (under the shards' device), when the module is built and matches this

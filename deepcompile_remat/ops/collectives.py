@@ -7,9 +7,8 @@ the in-place gather of this rank's slots, issued the way that backend wants them
 NCCL: every output is gathered in place (the slot is the send buffer: outputs[i]'s own
 rank-th chunk), all of them coalesced into one NCCL group, one work for the bucket. Other
 backends (gloo): one in-place gather per output, of its bytes (gloo knows neither int16 nor,
-everywhere, bf16), started together when async_op, else each waited on before the next (gloo's
-worker threads have crashed under many concurrent collectives of one group, and nothing
-overlaps them then anyway).
+everywhere, bf16), started together when async_op, else each waited on before the next (on a
+CPU nothing would overlap them anyway).
 
 Only torch's own collectives are used, through the process group: the same communicator and
 stream as every other collective of the step, on any backend. So this file's logic is the same

@@ -11,8 +11,10 @@
         the same gather in two halves, for a gather the schedule moved ahead of its first use
         (zero3/schedule.py): the start issues it (cast into the slot, collective in flight) and
         returns the output, not yet valid; the wait, a mutation of `full` as far as the compiler
-        knows, is placed before the first use, so nothing reads `full` before it. One function
-        (deepcompile_remat.ops.allgather_cast) runs every gather; allgather_cast is start + wait.
+        knows, is placed before the first use, so nothing reads `full` before it. The start
+        is deepcompile_remat.ops.allgather_cast with async_op=True; allgather_cast is start +
+        wait. (The bucket op below runs its packed form, ops.allgather_cast_packed: the same
+        fill_slots + gather_slots.)
     grad_shard = torch.ops.dcr.reduce_scatter_grad(full_grad, world_size, group_name)
         the average over ranks of each rank's full gradient, this rank's slot only (data
         parallel: the mean over the global batch when each rank's loss is a local mean).
@@ -54,9 +56,10 @@ def resolve_group(group_name: str):
 
 def _gather_into(shards, outputs, dtype, group, async_op: bool = False):
     """Cast each shard into this rank's slot of its output, then gather the slots in place:
-    deepcompile_remat.ops.allgather_cast (the same function for every gather of the runtime:
-    CPU, CUDA, NCCL, gloo and torch's fake process group of emulated worlds). Returns the
-    handle when async_op."""
+    deepcompile_remat.ops.allgather_cast, the single form of the one cast + gather path
+    (fill_slots + gather_slots) that the packed form of the buckets
+    (allgather_cast_packed, dcr::allgather_cast_bucket) shares; the same on CPU, CUDA, NCCL,
+    gloo and torch's fake process group of emulated worlds. Returns the handle when async_op."""
     from deepcompile_remat import ops as kernels
 
     return kernels.allgather_cast(list(shards), list(outputs), dtype=dtype, group=group,

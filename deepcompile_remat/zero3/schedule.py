@@ -184,8 +184,12 @@ def _use_async(backends: set, async_gathers: str) -> bool:
 
 def _in_flight_limit(backends: set):
     """How many gathers may be outstanding at once. NCCL: no limit beyond the schedule's memory
-    budget. Anything else (gloo): one; its worker threads have crashed under many concurrent
-    collectives of one group, and on CPU there is no compute stream for them to overlap."""
+    budget. Anything else (gloo): one, as a precaution. It dates from when gathers were torch's
+    functional collectives, which corrupt the heap on gloo with two or more in flight
+    (scripts/repro_gloo_functional_collectives.py); the runtime now gathers through the plain
+    API (collectives.gather_slots: all_gather_into_tensor / all_gather_single, async_op=True),
+    which ran clean in that repro's "plain" mode. The limit stays: on CPU there is no compute
+    stream for more gathers in flight to overlap with."""
     return None if backends <= {"nccl"} else 1
 
 

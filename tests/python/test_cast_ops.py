@@ -1,7 +1,12 @@
 """Cast kernels and allgather_cast against torch's own cast + all_gather, bit for bit."""
+import importlib.util
+import json
+import math
 import os
 import socket
+import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -196,3 +201,35 @@ def test_cuda_world_size_one():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_two_rank_nccl_matches_torch():
     _run_world(2, "nccl")
+
+
+def _bench_module():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_allgather_cast.py"
+    spec = importlib.util.spec_from_file_location("bench_allgather_cast", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_fill_benchmark_runs_and_its_bit_check_can_fail(monkeypatch, capsys, tmp_path):
+    """benchmarks/bench_allgather_cast.py --cpu, on a tiny bucket: it prints (and writes) a
+    time and a bandwidth for each slot fill, and our kernel's slots equal torch's bit for bit.
+    With the kernel made a no-op the bit check says so (before: the slots still held the torch
+    runs' bits, so it could not fail)."""
+    bench = _bench_module()
+    shapes = [(64, 48), (33,), (130, 7)]
+    monkeypatch.setattr(bench, "LAYER_SHAPES", shapes)
+    out = tmp_path / "cpu_fill.json"
+    monkeypatch.setattr(sys, "argv", ["bench_allgather_cast.py", "--cpu", "--layers", "2",
+                                      "--iters", "2", "--json", str(out)])
+    bench.main()
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    fill = printed["cpu_fill"]
+    assert fill["same_bits"] is True
+    assert fill["elements"] == 2 * sum(-(-math.prod(s) // 2) for s in shapes)
+    for name in ("our_kernel", "torch_foreach_copy", "torch_copy_per_tensor"):
+        assert fill[name]["ms"] > 0 and math.isfinite(fill[name]["GBps"]), (name, fill[name])
+        assert fill[name]["GBps"] > 0, (name, fill[name])
+    monkeypatch.setattr(_C, "cast_shards_into_slots", lambda *args, **kwargs: None)
+    assert bench.bench_cpu_fill(1, 1)["same_bits"] is False

@@ -58,9 +58,11 @@ def test_nccl_communicator_path_bit_identical(nccl_world_one, dtype):
 def test_no_allocation_beyond_the_outputs(dtype):
     """The fused path casts straight into the given outputs: no fp32 full weight, no staging
     buffer, nothing else from the caching allocator."""
+    _require_cast_kernel()
     shards = [nasty_fp32(n, seed=n).cuda() for n in (3, 4099, 1 << 20)]
     outs = [torch.empty(s.numel(), dtype=dtype, device="cuda") for s in shards]
-    ops.allgather_cast(shards, outputs=outs, dtype=dtype)  # warm: side stream, NaN probe
+    # warm: the module check (cuda_module.usable) and the NaN probe, both cached
+    ops.allgather_cast(shards, outputs=outs, dtype=dtype)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -71,13 +73,42 @@ def test_no_allocation_beyond_the_outputs(dtype):
         assert same_bits(o, s.to(dtype))
 
 
+def _require_cast_kernel():
+    """The CUDA module's cast kernel must be what fill_slots runs: with it unbuilt or unusable
+    the runtime silently casts with torch, and a test of our kernel would test torch's."""
+    if not ops.cuda_usable():
+        pytest.fail("the CUDA extension (deepcompile_remat._cuda) is not built or not usable "
+                    "with this torch and driver, so this would test torch's cast, not ours; "
+                    "build it first (scripts/gpu_check.sh builds it right before running the "
+                    f"GPU tests): {ops.cuda_build_info()}")
+
+
+@pytest.mark.parametrize("path", ["kernel", "torch"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cast_runs_on_the_current_stream_after_the_producer(dtype):
+def test_cast_runs_on_the_current_stream_after_the_producer(dtype, path, monkeypatch):
     """Everything on a side stream that is kept busy: the shards are produced late on it, and
     allgather_cast must cast on that (current) stream, after the producer. A cast launched on
     the default stream, or on a stream of its own without waiting, reads the shards before
     they are written and fails this. (The old version of this test delayed a stream the
-    runtime no longer used: it could not fail.)"""
+    runtime no longer used: it could not fail.) Both slot fills: our kernel ("kernel": the
+    module must be built and usable, else the test fails) and torch's _foreach_copy_, what
+    the runtime falls back to ("torch")."""
+    if path == "kernel":
+        _require_cast_kernel()
+        launches = []
+        real = cuda_module.require_cuda_module()
+
+        class _Counting:  # the kernel must be what runs, not torch's copy
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def cast_into_slots(self, *args):
+                launches.append(args)
+                return real.cast_into_slots(*args)
+
+        monkeypatch.setattr(cuda_module, "require_cuda_module", lambda: _Counting())
+    else:
+        monkeypatch.setattr(cuda_module, "usable", lambda: False)
     base = [nasty_fp32(n, seed=n).cuda() for n in (17, 1 << 20)]
     expected = [b.to(dtype) for b in base]
     torch.cuda.synchronize()
@@ -93,6 +124,9 @@ def test_cast_runs_on_the_current_stream_after_the_producer(dtype):
     torch.cuda.synchronize()
     for g, e in zip(got, expected):
         assert same_bits(g, e)
+    if path == "kernel":
+        assert len(launches) == 1, "the cast did not run through the CUDA module's kernel"
+        assert launches[0][-1] == side.cuda_stream, "the kernel ran on another stream"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

@@ -1,10 +1,15 @@
 """The NCCL branch of the runtime, proven on CPU: two ranks whose process group calls itself
 NCCL (recording_pg.RecordingNccl: gloo underneath, NCCL's ordering, results only after wait(),
 every collective recorded). What runs is the real Python of the GPU path: backend detection,
-coalesced in-place gathers into the cast slots, async prefetch with several gathers in flight,
-whole-gradient reduce-scatters; only the CUDA kernels and streams are not exercised (the slot
-fill is torch's copy here, the GPU test's job: scripts/gpu_check.sh).
+coalesced in-place gathers into the cast slots (per parameter, and packed buckets), async
+prefetch with several gathers in flight and each waited on before its first read (checked on
+the final graphs), whole-gradient and bucketed reduce-scatters; only the CUDA kernels and
+streams are not exercised (the slot fill is torch's copy here, the GPU test's job:
+scripts/gpu_check.sh).
 """
+import contextlib
+from collections import Counter
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,10 +18,19 @@ import deepcompile_remat as dcr
 import recording_pg
 from deepcompile_remat import ops
 from deepcompile_remat.ops import collectives
+from deepcompile_remat.zero3.passes import gather_dtype
 from dist_utils import run_ranks
-from test_zero3 import _train_and_compare
+from graph_checks import capture_partitions
+from test_zero3 import STEPS, _train_and_compare
 
 PREFETCH = dcr.RematConfig(max_prefetch=2, prefetch_budget_bytes=1e12, bucket_bytes=0)
+# The default buckets: small gathers share one collective (dcr::allgather_cast_bucket ->
+# ops.allgather_cast_packed), small gradients one reduce-scatter
+# (dcr::reduce_scatter_grad_bucket).
+BUCKETED = dcr.RematConfig(max_prefetch=2, prefetch_budget_bytes=1e12)
+CONFIGS = {"unbucketed": PREFETCH, "bucketed": BUCKETED}
+
+_DCR = torch.ops.dcr
 
 
 def _check_log(records: list, world: int) -> dict:
@@ -46,23 +60,99 @@ def _check_log(records: list, world: int) -> dict:
             "reduce_scatters": sum(r["op"] == "reduce_scatter" for r in records)}
 
 
-def _nccl_training(rank, world, kind):
+def reads_before_wait(gm: torch.fx.GraphModule) -> list:
+    """Where a gathered tensor is read before its gather completed: each
+    dcr::allgather_cast_start (zero3/schedule.py _split_prefetched) must have exactly one
+    dcr::allgather_cast_wait, and every other user of the start's output must come after that
+    wait in graph order (its users' users then do too). Returns the violations."""
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    bad = []
+    for start in [n for n in gm.graph.nodes if n.target is _DCR.allgather_cast_start.default]:
+        waits = [u for u in start.users if u.target is _DCR.allgather_cast_wait.default]
+        if len(waits) != 1:
+            bad.append(f"{start.name} has {len(waits)} waits")
+            continue
+        bad += [f"{u.name} reads {start.name} before {waits[0].name}" for u in start.users
+                if u is not waits[0] and position[u] < position[waits[0]]]
+    return bad
+
+
+def _graph_collectives(graphs, world: int) -> tuple:
+    """What the graphs' bucketed gathers and all their reduce-scatters put on the wire, once
+    per run of the graph: Counters of (dtype, numel) as recording_pg records them (a packed
+    gather: world x the bucket's shards; a reduce-scatter: the full gradients' elements)."""
+    packed, scatters = Counter(), Counter()
+    for fw, bw, _ in graphs:
+        for node in [*fw.graph.nodes, *bw.graph.nodes]:
+            if node.target is _DCR.allgather_cast_bucket.default:
+                shards = [s.meta["val"] for s in node.args[0]]
+                dtype = gather_dtype(node) or shards[0].dtype
+                packed[(str(dtype), world * sum(s.numel() for s in shards))] += 1
+            elif node.target is _DCR.reduce_scatter_grad_bucket.default:
+                grads = [g.meta["val"] for g in node.args[0]]
+                scatters[(str(grads[0].dtype), sum(g.numel() for g in grads))] += 1
+            elif node.target is _DCR.reduce_scatter_grad.default:
+                grad = node.args[0].meta["val"]
+                scatters[(str(grad.dtype), grad.numel())] += 1
+    return packed, scatters
+
+
+def _nccl_training(rank, world, kind, config_name="unbucketed"):
     group = dist.group.WORLD
     assert dist.get_backend(group) == recording_pg.NAME
     assert collectives.backend_name(group, "cpu") == "nccl" and collectives.is_nccl(group, "cpu")
     recording_pg.clear()
-    # "auto": async prefetch on NCCL only; here it must turn on.
-    _train_and_compare(rank, world, kind, True, PREFETCH)
+    # The records each packed gather (a bucket) issued: allgather_cast_packed waits before it
+    # returns, so they are the gathers logged during the call.
+    packed_records, real_packed = [], ops.allgather_cast_packed
+
+    def packed_spy(*args, **kwargs):
+        before = len(recording_pg.log())
+        out = real_packed(*args, **kwargs)
+        packed_records.extend(r for r in recording_pg.log()[before:] if r["op"] == "all_gather")
+        return out
+
+    ops.allgather_cast_packed = packed_spy
+    try:
+        # "auto": async prefetch on NCCL only; here it must turn on.
+        with capture_partitions() as graphs:
+            _train_and_compare(rank, world, kind, True, CONFIGS[config_name])
+    finally:
+        ops.allgather_cast_packed = real_packed
     records = list(recording_pg.log())
     figures = _check_log(records, world)
     reps = dcr.reports()
     assert any(s.get("async_prefetched", 0) > 0 for r in reps for s in r.schedule), \
         "async prefetch stayed off on an NCCL group"
-    # On NCCL no in-flight limit: several gathers outstanding at once, in the graphs and on
-    # the wire.
-    assert max(s.get("max_in_flight", 0) for r in reps for s in r.schedule) > 1
-    assert figures["most_in_flight"] > 1, figures
+    # Every prefetched gather is waited on before anything reads it, in the final graphs (the
+    # recording group leaves NaN in a gathered tensor until the wait, so a read before it
+    # shows in the numbers too; this names the node).
+    starts = [n for fw, bw, _ in graphs for gm in (fw, bw) for n in gm.graph.nodes
+              if n.target is _DCR.allgather_cast_start.default]
+    assert starts, "no prefetched gather in the graphs: the wait check checked nothing"
+    for fw, bw, _ in graphs:
+        assert reads_before_wait(fw) == [] and reads_before_wait(bw) == []
+    # What the graphs' bucketed gathers and reduce-scatters put on the wire is what went
+    # through the process group, once per step (so the packed and bucketed forms ran on the
+    # NCCL branch, and _check_log held for them).
+    packed, scatters = _graph_collectives(graphs, world)
+    got_packed = Counter((r["dtype"], r["numel"]) for r in packed_records)
+    assert got_packed == Counter({k: STEPS * v for k, v in packed.items()}), (got_packed, packed)
+    got_scatters = Counter((r["dtype"], r["numel"]) for r in records if r["op"] == "reduce_scatter")
+    assert got_scatters == Counter({k: STEPS * v for k, v in scatters.items()}), \
+        (got_scatters, scatters)
     assert figures["reduce_scatters"] > 0
+    if config_name == "bucketed":
+        assert packed_records and all(r["in_place"] and r["coalesced"] for r in packed_records)
+        bucketed_scatters = sum(n.target is _DCR.reduce_scatter_grad_bucket.default
+                                for _, bw, _ in graphs for n in bw.graph.nodes)
+        assert bucketed_scatters > 0, "no gradient bucket in the backward"
+    else:
+        assert not packed_records
+        # On NCCL no in-flight limit: several gathers outstanding at once, in the graphs and
+        # on the wire.
+        assert max(s.get("max_in_flight", 0) for r in reps for s in r.schedule) > 1
+        assert figures["most_in_flight"] > 1, figures
     assert dist.group.WORLD.pending() == 0
     # Every rank issued the same collectives in the same order (what NCCL needs to not hang).
     sequence = [(r["op"], r.get("dtype"), r.get("numel")) for r in records if r["op"] != "wait"]
@@ -75,9 +165,64 @@ def _nccl_training(rank, world, kind):
 def test_nccl_path_trains_like_one_process(kind):
     """Silent bugs guarded: async prefetch off on NCCL (backend read as a string), a gathered
     weight read before its wait (the recording group leaves NaN there until the wait: the
-    losses and weights would not match one process), a gather that is not in place or not
-    coalesced, ranks issuing different sequences."""
-    run_ranks(_nccl_training, 2, kind, backend=recording_pg.NAME)
+    losses and weights would not match one process; and the graphs are checked for it), a
+    gather that is not in place or not coalesced, ranks issuing different sequences."""
+    run_ranks(_nccl_training, 2, kind, "unbucketed", backend=recording_pg.NAME)
+
+
+def test_nccl_path_with_buckets_trains_like_one_process():
+    """The default buckets on the NCCL branch: the packed gather
+    (dcr::allgather_cast_bucket -> allgather_cast_packed) and the bucketed reduce-scatter
+    (dcr::reduce_scatter_grad_bucket) run through the NCCL-looking group, coalesced, in place,
+    waited on, the same sequence on every rank, once per step for each bucket in the graphs,
+    and training matches one process. Before: only bucket_bytes=0 ran here, so neither form
+    was ever issued on an NCCL group. Eager only: the collectives are the same under inductor
+    (test_nccl_path_trains_like_one_process covers its start/wait placement)."""
+    run_ranks(_nccl_training, 2, "eager", "bucketed", backend=recording_pg.NAME)
+
+
+def test_reads_before_wait_finds_a_read_before_the_wait():
+    """The graph check itself can fail: a read of a start's output placed before its wait is
+    named, and a start without its wait too."""
+    g = torch.fx.Graph()
+    start = g.call_function(_DCR.allgather_cast_start.default, (g.placeholder("shard"), 2, "0"))
+    early = g.call_function(torch.ops.aten.relu.default, (start,))
+    wait = g.call_function(_DCR.allgather_cast_wait.default, (start,))
+    g.output((early, g.call_function(torch.ops.aten.neg.default, (start,))))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert reads_before_wait(gm) == [f"{early.name} reads {start.name} before {wait.name}"]
+    wait.append(early)
+    assert reads_before_wait(gm) == []
+    gm.graph.erase_node(wait)
+    assert reads_before_wait(gm) == [f"{start.name} has 0 waits"]
+
+
+def test_split_prefetched_waits_before_the_first_read():
+    """The schedule's split of a prefetched gather (zero3/schedule.py _split_prefetched): the
+    start stands where the gather stood, the wait lands before the gather's first user, and
+    nothing reads the output before it; a gather used right away is left whole."""
+    from deepcompile_remat.zero3.schedule import _split_prefetched
+
+    g = torch.fx.Graph()
+    shards = [g.placeholder(f"shard{i}") for i in range(2)]
+    x = g.placeholder("x")
+    early = g.call_function(_DCR.allgather_cast.default, (shards[0], 2, "0"))
+    h = g.call_function(torch.ops.aten.relu.default, (x,))  # compute between gather and use
+    view = g.call_function(torch.ops.aten.view.default, (early, [2, 4]))
+    y = g.call_function(torch.ops.aten.mul.Tensor, (view, h))
+    at_use = g.call_function(_DCR.allgather_cast.default, (shards[1], 2, "0"))
+    z = g.call_function(torch.ops.aten.add.Tensor, (at_use, y))
+    g.output((z, early))
+    for gather in (early, at_use):
+        gather.meta["val"] = torch.empty(8)
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert _split_prefetched(gm) == 1  # at_use is used right after it: left whole
+    gm.graph.lint()
+    names = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert names == ["dcr.allgather_cast_start.default", "aten.relu.default",
+                     "dcr.allgather_cast_wait.default", "aten.view.default", "aten.mul.Tensor",
+                     "dcr.allgather_cast.default", "aten.add.Tensor"], names
+    assert reads_before_wait(gm) == []
 
 
 def _handles(rank, world):
@@ -144,13 +289,64 @@ def test_backend_is_asked_per_device():
 def test_cuda_gather_runs_under_the_shards_device():
     """Before: no device guard; the eager backend can run a graph on tensors of another device
     than the current one, and the cast kernel and NCCL would then run on the wrong device.
-    (Constructing the guard needs no GPU; entering it is the GPU test's.)"""
+    (Constructing the guard needs no GPU; that both gathers enter it around the fill and the
+    collective: test_both_gathers_fill_and_gather_inside_the_device_guard.)"""
     import importlib
 
     module = importlib.import_module("deepcompile_remat.ops.allgather_cast")
     guard = module._device_guard(torch.device("cuda", 3))
     assert isinstance(guard, torch.cuda.device) and guard.idx == 3
     assert not isinstance(module._device_guard(torch.device("cpu")), torch.cuda.device)
+
+
+@pytest.mark.parametrize("form", ["single", "single_async", "packed"])
+def test_both_gathers_fill_and_gather_inside_the_device_guard(form, monkeypatch):
+    """The guard is entered, with the shards' device, around both the slot fill and the
+    collective, by allgather_cast and allgather_cast_packed alike. Before: only the guard's
+    construction was tested, so deleting a `with _device_guard(...)` failed no CPU test. World
+    2 is faked (no process group): the collective is a stub that checks where it runs."""
+    import importlib
+
+    module = importlib.import_module("deepcompile_remat.ops.allgather_cast")
+    entered, active = [], []
+
+    @contextlib.contextmanager
+    def spy_guard(device):
+        entered.append(device)
+        active.append(device)
+        try:
+            yield
+        finally:
+            active.pop()
+
+    calls = []
+    real_fill = module.fill_slots
+
+    def fill_spy(shards, slots, dtype):
+        calls.append(("fill", list(active)))
+        real_fill(shards, slots, dtype)
+
+    def gather_spy(outputs, slots, group, device, *, async_op):
+        calls.append(("gather", list(active)))
+        return []
+
+    monkeypatch.setattr(module, "_device_guard", spy_guard)
+    monkeypatch.setattr(module, "fill_slots", fill_spy)
+    monkeypatch.setattr(module, "gather_slots", gather_spy)
+    monkeypatch.setattr(module, "_world_and_rank", lambda group: (2, 0))
+    shards = [torch.arange(3.0), torch.arange(5.0) + 10]
+    if form == "packed":
+        buf = module.allgather_cast_packed(shards, dtype=torch.bfloat16)
+        assert torch.equal(buf.view(2, -1)[0].float(), torch.cat(shards))
+    else:
+        got = module.allgather_cast(shards, dtype=torch.bfloat16, async_op=form == "single_async")
+        outs = got.wait() if form == "single_async" else got
+        assert [o.float()[:s.numel()].tolist() for o, s in zip(outs, shards)] == \
+            [s.tolist() for s in shards]
+    cpu = torch.device("cpu")
+    assert entered == [cpu], f"{form}: guard entered with {entered}, expected the shards' device"
+    assert calls == [("fill", [cpu]), ("gather", [cpu])], calls
+    assert active == []
 
 
 @pytest.mark.parametrize("built,torch_cuda,driver,why", [

@@ -97,7 +97,7 @@ def _async_prefetch(rank, world, kind):
     rep = dcr.reports()[-1]
     assert any(s.get("async_prefetched", 0) > 0 for s in rep.schedule), rep.schedule
     assert any("allgather_cast_wait" in op for op in rep.backward_ops)
-    # gloo: one functional gather in flight at a time (limit_in_flight; see its docstring)
+    # gloo: one gather in flight at a time, a precaution (schedule._in_flight_limit's docstring)
     assert all(s.get("max_in_flight", 0) <= 1 for r in dcr.reports() for s in r.schedule)
 
 
