@@ -91,11 +91,14 @@ def _mallinfo2():
     return fn
 
 
+SIZES = {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 512, "seq": 128, "batch": 1}
+
+
 def _workload(a: argparse.Namespace):
+    """The Workload run() resolved from the model flags (a config.json's own sizes included)."""
     from deepcompile_remat.profile.workload import Workload
 
-    return Workload(model=a.model, layers=a.layers, hidden=a.hidden, heads=a.heads,
-                    vocab=a.vocab, seq=a.seq, batch=a.batch, checkpointing=a.checkpointing)
+    return Workload(**a.workload)
 
 
 def ds_config(setup: str, a: argparse.Namespace) -> dict:
@@ -120,7 +123,9 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity
 
+    from deepcompile_remat.bench import hf_models
     from deepcompile_remat.profile.memory import peak_over_profile, profiled
+    from deepcompile_remat.profile.workload import blocks
     from deepcompile_remat.deepspeed import initialize
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
@@ -132,6 +137,9 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
         torch._dynamo.reset()
         workload = _workload(a)
         model = workload.build("autocast")  # fp32 weights: DeepSpeed's bf16 mode casts them
+        built = {"model": type(model).__name__, "layers": len(blocks(model)),
+                 "parameters": sum(p.numel() for p in model.parameters()),
+                 "checkpointing": workload.is_hf and hf_models.checkpointing_on(model)}
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         engine, *_ = initialize(model=model, optimizer=opt, config=ds_config(setup, a))
         if setup == "stock-compiled":
@@ -180,7 +188,8 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
                      "step_ms": 1e3 * sorted(times)[len(times) // 2],
                      "cpu_ms": 1e3 * sorted(cpu_times)[len(cpu_times) // 2], "loss": loss,
                      "losses": losses,
-                     "taken_over": getattr(engine, "dcr_takeover", None) is not None})
+                     "taken_over": getattr(engine, "dcr_takeover", None) is not None,
+                     **built})
         engine.destroy()
         del engine, model, opt
     dist.destroy_process_group()
@@ -189,18 +198,10 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--model", default="gpt",
-                        help='"gpt" (built-in), a transformers preset (llama, qwen2, gpt2) or the '
-                             "path of a transformers config.json (random weights)")
-    parser.add_argument("--checkpointing", action="store_true",
-                        help="HF's activation checkpointing on every layer (transformers models)")
+    from deepcompile_remat.profile.workload import add_model_arguments
+
+    add_model_arguments(parser, SIZES)
     parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per setup (median)")
     parser.add_argument("--precision", choices=("bf16", "autocast"), default="bf16",
                         help='"bf16": {"enabled": true}, or "torch_autocast" with bfloat16')
@@ -224,15 +225,21 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("bench-deepspeed needs deepspeed (scripts/install.sh installs it)")
         return 2
+    import dataclasses
+
+    from deepcompile_remat.profile.workload import workload_from_args
+
+    w = workload_from_args(args, NAME, SIZES)
     args_dict = {k: v for k, v in vars(args).items() if k not in ("run", "command")}
+    args_dict["workload"] = dataclasses.asdict(w)
     rows = spawn_for_rows(_rank_main, args.world, args.world, free_port(), args_dict)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
     knobs = "parameters released after use" if args.release_params else "DeepSpeed's defaults"
-    model = "GPT" if args.model == "gpt" else args.model
-    ckpt = ", activation checkpointing" if args.checkpointing else ""
-    print(f"{model} {args.layers} layers, hidden {args.hidden}{ckpt}, batch {args.batch}x{args.seq}, "
+    model = "GPT" if w.model == "gpt" else w.model
+    ckpt = ", activation checkpointing" if w.checkpointing else ""
+    print(f"{model} {w.layers} layers, hidden {w.hidden}{ckpt}, batch {w.batch}x{w.seq}, "
           f"{args.world} CPU ranks (gloo), DeepSpeed ZeRO-3 ({knobs}), {args.precision}, ours "
           f"with {args.backend}; per rank, whole training steps:")
     print("peak MB above the step's start: whole step and forward+backward alone, from the "

@@ -45,6 +45,7 @@ def config_of(spec: str, *, vocab: int = 128, hidden: int = 64, layers: int = 2,
     """The transformers config a spec names: a preset with these sizes, or a config.json."""
     import transformers
 
+    transformers.logging.set_verbosity_error()  # a small vocab's "bos_token_id ..." chatter
     if spec in PRESETS:
         return _config(spec, vocab=vocab, hidden=hidden, layers=layers, heads=heads,
                        kv_heads=kv_heads, seq=seq, dropout=dropout)
@@ -60,6 +61,26 @@ def config_of(spec: str, *, vocab: int = 128, hidden: int = 64, layers: int = 2,
         raise ValueError(f"{spec}: a transformers config.json must be an object with a "
                          "\"model_type\"")
     return transformers.AutoConfig.for_model(**data)
+
+
+def is_config_path(spec: str) -> bool:
+    """Whether a --model value names a config.json (anything but "gpt" and the presets)."""
+    return spec != "gpt" and spec not in PRESETS
+
+
+def sizes_of(config) -> dict:
+    """A config's sizes under the model flags' names (layers, hidden, heads, vocab) and its
+    longest sequence (max_seq; None where the architecture has no such limit). transformers'
+    attribute maps give every architecture these names (GPT2's n_layer, n_embd, n_head, ...)."""
+    sizes = {}
+    for name, attr in (("layers", "num_hidden_layers"), ("hidden", "hidden_size"),
+                       ("heads", "num_attention_heads"), ("vocab", "vocab_size")):
+        value = getattr(config, attr, None)
+        if not isinstance(value, int):
+            raise ValueError(f"{type(config).__name__} has no integer {attr}")
+        sizes[name] = value
+    sizes["max_seq"] = getattr(config, "max_position_embeddings", None)
+    return sizes
 
 
 def build(spec: str, **sizes):
@@ -83,3 +104,11 @@ def enable_checkpointing(model, use_reentrant: bool) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def checkpointing_on(model) -> bool:
+    """Whether HF's activation checkpointing is on (either name of the property)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False

@@ -17,6 +17,8 @@ Per system and precision, on every rank (folded: the largest over ranks):
   collectives  torch.distributed collectives one step issues (a coalesced group counts once)
   step-1 loss  the loss before any update: every system must agree (bf16 tolerance), else the
                row is marked
+results.json also says which system ran: our_partitions (graphs our partitioner cut, 0 for
+the stock systems) and, for the DeepSpeed systems, taken_over (our takeover holds the engine).
 CPU memory is the CPU allocator's running total made exact in every thread
 (memory.exact_cpu_counter, set before anything is allocated); on a GPU the CUDA allocator's.
 Each system runs in processes of its own, so nothing one leaves behind counts for the next.
@@ -117,6 +119,7 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
         say("building")
         system = PEERS[peer](w, precision, device, opts["ours_config"])
         row["notes"] = system.notes
+        row.update(system.facts)
         batch = w.inputs(rank, device)
         say("compiling / first step")
         t0 = time.perf_counter()
@@ -143,6 +146,9 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
         with memory.profiled(activities=activities, profile_memory=True) as prof:
             system.step(batch)
         row.update(_step_figures(prof, device_type))
+        from deepcompile_remat.partition.report import reports
+
+        row["our_partitions"] = len(reports())  # graphs our partitioner cut in this process
     except Unavailable as e:
         row["unavailable"] = str(e)
     except Exception as e:  # noqa: BLE001  (a peer that fails here says why in its row)
@@ -212,7 +218,11 @@ def fold(rows: list) -> list:
         entry = {"precision": precision, "peer": peer, "ranks": len(rs), "why_not": why,
                  "notes": rs[0].get("notes", []),
                  "step1_losses": [r.get("step1_loss", math.nan) for r in rs],
-                 "exact_counter": all(r.get("exact_counter", True) for r in rs)}
+                 "exact_counter": all(r.get("exact_counter", True) for r in rs),
+                 # DeepSpeed systems: every rank's engine taken over by ours (else None)
+                 "taken_over": (all(r["taken_over"] for r in rs)
+                                if all("taken_over" in r for r in rs) else None),
+                 "our_partitions": min(r.get("our_partitions", 0) for r in rs)}
         for key in ("step_peak_bytes", "at_rest_bytes", "transient_bytes", "step_s", "cpu_s",
                     "collectives", "first_step_s"):
             values = [r[key] for r in rs if key in r]

@@ -29,7 +29,8 @@ ours and FSDP2 step on the bf16 parameters themselves).
 
 Each peer is a function (workload, precision, device, remat) -> System, where `remat` is a dict
 of RematConfig fields for ours (compare --ours-config; the others ignore it). A peer that cannot
-run here raises Unavailable with the reason (DeepSpeed not installed, ...).
+run here raises Unavailable with the reason (DeepSpeed not installed, ...). System.facts go into
+the peer's rows: the DeepSpeed peers record taken_over (engine.dcr_takeover is set).
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ class System:
     step: Callable[[dict], float]  # one training step on a micro-batch; returns its loss
     close: Callable[[], None] = lambda: None
     notes: list = field(default_factory=list)
+    facts: dict = field(default_factory=dict)  # recorded in the system's rows (results.json)
 
 
 def _autocast(precision: str, device) -> contextlib.AbstractContextManager:
@@ -153,7 +155,10 @@ def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = Fal
             return float(loss.detach())
 
         notes = ["DeepSpeed's torch_autocast"] if precision == "autocast" else []
-        return System(step, close=engine.destroy, notes=notes)
+        # Whether our takeover holds the engine (ours-deepspeed) or DeepSpeed runs as it ships:
+        # a block that never reached DeepSpeed would make ours-deepspeed stock DeepSpeed again.
+        taken_over = getattr(engine, "dcr_takeover", None) is not None
+        return System(step, close=engine.destroy, notes=notes, facts={"taken_over": taken_over})
 
     return make
 

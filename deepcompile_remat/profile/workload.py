@@ -7,8 +7,10 @@ blocks, one micro-batch per rank and the loss.
 
 transformers models are built from a preset or a config.json with random weights (never a
 download; bench/hf_models.py), dropout off so every system draws the same numbers, and with
-HF's activation checkpointing when asked. The blocks are the model's repeated layers (what
-FSDP2 wraps one by one, and what torch.compile compiles per block).
+HF's activation checkpointing when asked. A config.json's layers, hidden, heads and vocab are
+its own (workload_from_args reads them; the flags size the presets and the built-in GPT).
+The blocks are the model's repeated layers (what FSDP2 wraps one by one, and what
+torch.compile compiles per block).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch.nn as nn
 @dataclass(frozen=True)
 class Workload:
     model: str = "gpt"  # "gpt", a transformers preset (llama, qwen2, gpt2), or a config.json
+    # (whose layers, hidden, heads and vocab these must be: workload_from_args reads them)
     layers: int = 2
     hidden: int = 512
     heads: int = 8
@@ -47,6 +50,13 @@ class Workload:
                 model = hf_models.build(self.model, vocab=self.vocab, hidden=self.hidden,
                                         layers=self.layers, heads=self.heads,
                                         kv_heads=self.heads, seq=max(self.seq, 64), dropout=0.0)
+                if hf_models.is_config_path(self.model):
+                    own = hf_models.sizes_of(model.config)
+                    if any(own[k] != getattr(self, k) for k in SHAPE):
+                        raise ValueError(
+                            f"{self.model} has {({k: own[k] for k in SHAPE})}, this Workload "
+                            f"{({k: getattr(self, k) for k in SHAPE})}: take the sizes from "
+                            "the config (workload_from_args does)")
                 if self.checkpointing:
                     hf_models.enable_checkpointing(model, use_reentrant=False)
             else:
@@ -98,27 +108,61 @@ def leaf_modules(model: nn.Module) -> list:
 
 
 SIZES = ("layers", "hidden", "heads", "vocab", "seq", "batch")
+SHAPE = ("layers", "hidden", "heads", "vocab")  # what a config.json sets itself
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model flags of every command that measures a Workload (defaults: Workload's)."""
+def add_model_arguments(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    """The model flags of every command that measures a Workload (defaults: Workload's, or
+    `defaults`). The shape flags default to None, so a config.json's own sizes can be told from
+    a flag given by hand (workload_from_args)."""
+    defaults = {**_defaults(), **(defaults or {})}
     g = parser.add_argument_group("model")
     g.add_argument("--model", default=Workload.model,
                    help='"gpt" (built-in), a transformers preset (llama, qwen2, gpt2) or the path '
-                        "of a transformers config.json (random weights)")
+                        "of a transformers config.json (random weights; its own layers, hidden, "
+                        "heads and vocab)")
     g.add_argument("--checkpointing", action="store_true",
                    help="HF's activation checkpointing on every layer (transformers models)")
     for name in SIZES:
-        g.add_argument(f"--{name}", type=int, default=getattr(Workload, name))
+        g.add_argument(f"--{name}", type=int, default=None if name in SHAPE else defaults[name],
+                       help=f"default {defaults[name]}"
+                            + ("; a config.json's own" if name in SHAPE else ""))
 
 
-def workload_from_args(args: argparse.Namespace, command: str) -> Workload:
-    """The Workload the model flags describe; a bad size is an error naming the flag."""
-    for name in SIZES:
-        if getattr(args, name) < 1:
+def _defaults() -> dict:
+    return {name: getattr(Workload, name) for name in SIZES}
+
+
+def workload_from_args(args: argparse.Namespace, command: str,
+                       defaults: dict | None = None) -> Workload:
+    """The Workload the model flags describe; a bad size is an error naming the flag. A
+    config.json sets layers, hidden, heads and vocab itself: a shape flag that says otherwise,
+    a --seq past its max_position_embeddings, or a file that is no config, is an error naming
+    the file."""
+    defaults = {**_defaults(), **(defaults or {})}
+    given = {name: getattr(args, name) for name in SIZES if getattr(args, name) is not None}
+    for name, value in given.items():
+        if value < 1:
             raise SystemExit(f"deepcompile-remat {command}: --{name} must be >= 1")
-    if args.hidden % args.heads:
-        raise SystemExit(f"deepcompile-remat {command}: --hidden must be a multiple of --heads")
-    return Workload(model=args.model, checkpointing=args.checkpointing,
-                    **{name: getattr(args, name) for name in SIZES})
+    sizes = {**defaults, **given}
+    from deepcompile_remat.bench import hf_models
 
+    if hf_models.is_config_path(args.model):
+        try:
+            own = hf_models.sizes_of(hf_models.config_of(args.model))
+        except (ValueError, TypeError, KeyError) as e:
+            raise SystemExit(f"deepcompile-remat {command}: --model {e}") from None
+        max_seq = own.pop("max_seq")
+        for name, value in own.items():
+            if given.get(name, value) != value:
+                raise SystemExit(
+                    f"deepcompile-remat {command}: --{name} {given[name]}, but {args.model} "
+                    f"has {name} {value} (a config.json's shape is its own: leave "
+                    f"--{name} out)")
+        if isinstance(max_seq, int) and sizes["seq"] > max_seq:
+            raise SystemExit(f"deepcompile-remat {command}: --seq {sizes['seq']} is past "
+                             f"{args.model}'s max_position_embeddings {max_seq}")
+        sizes.update(own)
+    if sizes["hidden"] % sizes["heads"]:
+        raise SystemExit(f"deepcompile-remat {command}: --hidden must be a multiple of --heads")
+    return Workload(model=args.model, checkpointing=args.checkpointing, **sizes)

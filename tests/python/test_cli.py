@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -103,3 +104,98 @@ def test_model_flags_are_checked_before_anything_runs(command, flags, flag):
     """Both measuring commands share the model flags (profile/workload.py) and their checks."""
     with pytest.raises(SystemExit, match=f"deepcompile-remat {command}: {flag}"):
         cli.main([command, *flags])
+
+
+def _gpt2_config_json(tmp_path, **sizes):
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    transformers.GPT2Config(**{"vocab_size": 40, "n_embd": 32, "n_layer": 1, "n_head": 4,
+                               "n_positions": 32, **sizes}).to_json_file(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["profile", "compare", "bench-deepspeed"])
+def test_a_config_json_is_the_model_it_describes(tmp_path, command):
+    """--model path/to/config.json builds that architecture at its own sizes, whatever the
+    command's defaults (bench-deepspeed's: 8 layers, hidden 1024). Silent bug guarded: the
+    defaults' vocab (512) feeding token ids past the config's (40) or describing another model."""
+    import math
+
+    from deepcompile_remat.bench import deepspeed_bench
+    from deepcompile_remat.profile.workload import workload_from_args
+
+    path = _gpt2_config_json(tmp_path)
+    args = cli.build_parser().parse_args([command, "--model", path, "--seq", "8"])
+    w = workload_from_args(args, command, deepspeed_bench.SIZES
+                           if command == "bench-deepspeed" else None)
+    assert (w.model, w.layers, w.hidden, w.heads, w.vocab, w.seq) == (path, 1, 32, 4, 40, 8)
+    model = w.build("autocast")
+    assert type(model).__name__ == "GPT2LMHeadModel" and len(model.transformer.h) == 1
+    assert model.config.n_embd == 32 and model.get_input_embeddings().num_embeddings == 40
+    assert math.isfinite(w.loss(model, w.inputs(rank=1)).item())
+    assert "1 layers, hidden 32, 4 heads, vocab 40" in w.describe(1)
+
+
+def test_a_config_json_and_a_flag_that_disagrees(tmp_path):
+    from deepcompile_remat.profile.workload import Workload, workload_from_args
+
+    path = _gpt2_config_json(tmp_path)
+    parse = cli.build_parser().parse_args
+    # The config's own value given again is fine; another one, or a --seq past its positions, not.
+    assert workload_from_args(parse(["profile", "--model", path, "--layers", "1"]),
+                              "profile").layers == 1
+    with pytest.raises(SystemExit, match=r"profile: --hidden 64, but .*config\.json has hidden 32"):
+        workload_from_args(parse(["profile", "--model", path, "--hidden", "64"]), "profile")
+    with pytest.raises(SystemExit, match=r"--seq 64 is past .*config\.json's max_position"):
+        workload_from_args(parse(["profile", "--model", path, "--seq", "64"]), "profile")
+    with pytest.raises(ValueError, match="config.json has"):  # a Workload built by hand
+        Workload(model=path).build("autocast")
+
+
+@pytest.mark.parametrize("content,says", [
+    (None, "neither a transformers preset"),
+    ("{not json", "not valid JSON"),
+    ('{"n_layer": 1}', '"model_type"'),
+])
+def test_a_bad_config_path_is_an_error_naming_the_file(tmp_path, content, says):
+    """Before any rank process starts: the error names the file and what is wrong with it."""
+    from deepcompile_remat.bench import hf_models
+
+    path = tmp_path / "my-config.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit, match="deepcompile-remat compare: --model .*my-config.json"
+                                         f".*{re.escape(says)}"):
+        cli.main(["compare", "--model", str(path)])
+    with pytest.raises(ValueError, match=f"my-config.json.*{re.escape(says)}"):
+        hf_models.build(str(path))
+
+
+def test_profile_transformers_preset_shows_progress_and_table_only(tmp_path):
+    """`profile --model llama` through the console command, as a user runs it: the ranks build
+    the preset, and stderr holds the progress lines only (no kineto "USDT ... profiler_start",
+    no library warnings: a user sees the progress line and the table)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    proc = subprocess.run(
+        [sys.executable, "-m", "deepcompile_remat.cli", "profile", "--model", "llama",
+         "--backends", "eager", "--precisions", "autocast", "--setups", "ours", "--layers", "1",
+         "--hidden", "64", "--heads", "4", "--vocab", "64", "--seq", "16", "--steps", "1",
+         "--warmup", "0", "--profiled-steps", "1", "--no-plots", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    progress = [line for line in proc.stderr.splitlines() if line.strip()]
+    prefix = "profile [1/1] eager/autocast/ours: "
+    stray = [line for line in progress if not line.startswith(prefix)]
+    assert not stray, stray[:10]
+    assert any("profiling step 1/1" in line for line in progress)
+    assert "USDT" not in proc.stdout and "Warning" not in proc.stdout
+    assert proc.stdout.startswith("llama 1 layers, hidden 64, 4 heads, vocab 64")
+    assert re.search(r"^eager/autocast/ours +\d", proc.stdout, re.M), proc.stdout
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["meta"]["workload"]["model"] == "llama"
+    rows = data["rows"]
+    assert sorted(r["rank"] for r in rows) == [0, 1]
+    assert all(r["peak_bytes"] > 0 and r["gathered_bytes"] > 0 for r in rows)

@@ -18,9 +18,9 @@ TINY = ["--layers", "1", "--hidden", "64", "--heads", "4", "--vocab", "64", "--s
         "--steps", "1", "--warmup", "0", "--quiet", "--no-plots"]
 
 
-def _run(tmp_path, peers, precision, extra=()):
+def _run(tmp_path, peers, precision, extra=(), args=TINY):
     out = tmp_path / precision
-    assert cli.main(["compare", *TINY, "--peers", *peers, "--precisions", precision,
+    assert cli.main(["compare", *args, "--peers", *peers, "--precisions", precision,
                      "--out", str(out), *extra]) == 0
     with open(out / "results.json") as f:
         return json.load(f)
@@ -40,6 +40,13 @@ def _check(folded, peers):
         assert 0 <= e["transient_bytes"] <= e["step_peak_bytes"] - e["at_rest_bytes"] + 1
         assert e["step_s"] > 0 and e["cpu_s"] > 0 and e["collectives"] > 0
         assert all(not math.isnan(x) for x in e["step1_losses"]) and e["loss_ok"], e
+        # Which system really ran: ours cut the graphs (and, in DeepSpeed, took the engine over);
+        # the stock systems never reach our partitioner.
+        assert (e["our_partitions"] > 0) == peer.startswith("ours"), e
+        if "deepspeed" in peer:
+            assert e["taken_over"] is (peer == "ours-deepspeed"), e
+        else:
+            assert e["taken_over"] is None, e
 
 
 @pytest.mark.parametrize("precision", ["autocast", "bf16"])
@@ -55,12 +62,24 @@ def test_every_system_runs_on_a_tiny_gpt(tmp_path, precision):
     assert all(p in table for p in peers)
 
 
-def test_transformers_model_with_checkpointing(tmp_path):
-    pytest.importorskip("transformers")
+def test_transformers_config_json_with_checkpointing(tmp_path):
+    """A user's own architecture (a config.json, at its own vocab: none given on the command
+    line) with HF's activation checkpointing; the one compare test that draws peers.png."""
+    transformers = pytest.importorskip("transformers")
+    config = tmp_path / "config.json"
+    transformers.LlamaConfig(vocab_size=48, hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                             max_position_embeddings=64).to_json_file(str(config))
     peers = ["ours-eager", "fsdp2-block"]
-    result = _run(tmp_path, peers, "autocast", ["--model", "llama", "--checkpointing"])
+    drop = {TINY.index("--vocab"), TINY.index("--vocab") + 1, TINY.index("--no-plots")}
+    args = [a for i, a in enumerate(TINY) if i not in drop]
+    result = _run(tmp_path, peers, "autocast", ["--model", str(config), "--checkpointing"], args)
     _check(result["folded"], peers)
-    assert "llama" in result["meta"]["title"] and "activation checkpointing" in result["meta"]["title"]
+    meta = result["meta"]
+    assert meta["workload"]["vocab"] == 48 and meta["workload"]["model"] == str(config)
+    assert "config.json" in meta["title"] and "activation checkpointing" in meta["title"]
+    png = (tmp_path / "autocast" / "peers.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
 
 
 def test_a_system_that_cannot_run_says_why():
