@@ -39,8 +39,8 @@ import time
 from deepcompile_remat.profile.workload import Workload, add_model_arguments, workload_from_args
 
 NAME = "compare"
-DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-inductor-layer-buckets", "ours-deepspeed",
-                 "fsdp2-block", "fsdp2-block-compiled", "fsdp2-module",
+DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-inductor-layer-buckets", "ours-inductor-mp",
+                 "ours-deepspeed", "fsdp2-block", "fsdp2-block-compiled", "fsdp2-module",
                  "deepspeed", "deepspeed-lean", "deepspeed-compiled", "deepspeed-lean-compiled")
 PRECISIONS = ("autocast", "bf16")
 LOSS_RTOL = 2e-2  # bf16 compute: 8 bits of mantissa, summed over a vocabulary

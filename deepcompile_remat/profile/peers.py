@@ -8,6 +8,10 @@ AdamW step, gradients released).
     ours-inductor-layer-buckets     the same with bucket_bytes = one layer's weights in 16 bits:
                                     gathers and reduce-scatters grouped like FSDP2's per-layer
                                     all-gathers (fewer collectives, a layer gathered at once)
+    ours-inductor-mp                zero3.shard(param_dtype=bf16) instead of torch.autocast:
+                                    FSDP2's mixed precision (bf16 weights and activations
+                                    everywhere, fp32 shards and gradient reduce), the numerics
+                                    of the fsdp2 rows rather than autocast's (autocast only)
     ours-deepspeed                  stock DeepSpeed ZeRO-3 engine with the "deepcompile_remat"
                                     block (inductor): our takeover
     fsdp2-block / -block-compiled   PyTorch FSDP2 fully_shard on every layer, then the root
@@ -88,19 +92,26 @@ def _layer_bytes(model: torch.nn.Module) -> int:
     return max(sum(p.numel() for p in block.parameters()) for block in blocks(model)) * 2
 
 
-def ours(kind: str, layer_buckets: bool = False):
+def ours(kind: str, layer_buckets: bool = False, mixed_precision: bool = False):
     def make(w: Workload, precision: str, device, remat: dict) -> System:
         import deepcompile_remat as dcr
         from deepcompile_remat import zero3
 
+        if mixed_precision and precision != "autocast":
+            raise Unavailable("bf16 parameters: param_dtype=bf16 changes nothing (the "
+                              "ours-inductor row)")
         model = w.build(precision, device)
         if layer_buckets:
             remat = {**remat, "bucket_bytes": _layer_bytes(model)}
         config = dcr.RematConfig(**remat)
-        model = zero3.shard(model, config=config)
+        model = zero3.shard(model, config=config,
+                            param_dtype=torch.bfloat16 if mixed_precision else None)
         run = torch.compile(model, backend=dcr.backend(kind, config))
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-        return System(_plain_step(w, run, optimizer, precision, device))
+        # Mixed precision is the parameters' dtype, as in FSDP2: no torch.autocast on top.
+        return System(_plain_step(w, run, optimizer, precision, device,
+                                  autocast=not mixed_precision),
+                      notes=["shard(param_dtype=bf16), no autocast"] if mixed_precision else [])
 
     return make
 
@@ -191,6 +202,7 @@ PEERS: dict = {
     "ours-eager": ours("eager"),
     "ours-inductor": ours("inductor"),
     "ours-inductor-layer-buckets": ours("inductor", layer_buckets=True),
+    "ours-inductor-mp": ours("inductor", mixed_precision=True),
     "ours-deepspeed": deepspeed(lean=False, ours_on=True),
     "fsdp2-block": fsdp2("block"),
     "fsdp2-block-compiled": fsdp2("block", compiled=True),

@@ -7,6 +7,15 @@ property that returns ``allgather_cast(shard)[:numel].view(shape)``: the traced 
 gather, the partitioner recomputes it in the backward instead of saving the full weight, and a
 gathered weight is freed at its last use like any other value. Tied parameters share one shard.
 
+Mixed precision, FSDP2's way (``shard(module, param_dtype=torch.bfloat16)``): the shards stay
+in their dtype (fp32: what the optimizer steps on), each floating-point parameter is gathered
+already cast to ``param_dtype`` (cast before the gather: half the bytes, no fp32 full weight),
+floating-point forward inputs are cast to it, so the whole module computes in it, and each
+gradient is reduce-scattered in the shard's dtype (FSDP2's ``MixedPrecisionPolicy(param_dtype,
+reduce_dtype=float32)``). Unlike ``torch.autocast``, nothing stays in fp32 inside the model
+(layer norms, softmax, the residual stream): fewer casts and smaller activations, with the
+numerics of FSDP2's policy rather than autocast's.
+
 Writes go through ``gathered_parameters(module, modifier_rank=...)``: inside it the attributes
 are full nn.Parameters (re-init, weight surgery, tying all work as usual), and on exit they are
 re-sharded. Outside it a gathered copy refuses writes (zero3/guard.py), since they would be
@@ -41,15 +50,19 @@ class ShardSpec:
     world_size: int
     rank: int
     group_name: str
+    compute_dtype: Optional[torch.dtype] = None  # gathered in this dtype (shard(param_dtype=))
 
 
 log = logging.getLogger(__name__)
 _SPECS_ATTR = "_dcr_shard_specs"
+_INPUT_CAST_ATTR = "_dcr_input_cast"  # the root's forward pre-hook casting inputs (param_dtype)
 _HOOKS_ATTR = "_dcr_state_dict_hooks"
 _sharded_classes: dict = {}
 
 
-def _gathered(module: nn.Module, name: str) -> torch.Tensor:
+def _gathered(module: nn.Module, name: str, compute: bool = False) -> torch.Tensor:
+    """The full parameter; compute=True: in the dtype forward code computes with (param_dtype),
+    else in the shard's own (state_dict, gathered_parameters)."""
     spec: ShardSpec = getattr(module, _SPECS_ATTR)[name]
     shard = module._parameters[name]
     if shard is None or shard.dim() != 1 or shard.numel() != spec.shard_numel:
@@ -60,18 +73,22 @@ def _gathered(module: nn.Module, name: str) -> torch.Tensor:
             f"{spec.shape}), found shape {got}. Change parameters inside "
             f"zero3.gathered_parameters(model, modifier_rank=0), or load new weights with "
             f"load_state_dict() (full tensors are re-sharded).")
-    return gather(shard, spec)
+    return gather(shard, spec, spec.compute_dtype if compute else None)
 
 
-def gather(shard: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
+def gather(shard: torch.Tensor, spec: ShardSpec, dtype: Optional[torch.dtype] = None
+           ) -> torch.Tensor:
     """The full parameter from this rank's shard, as a traced gather (shared by every owner of
-    shards: zero3.shard and the DeepSpeed takeover)."""
-    full = torch.ops.dcr.allgather_cast(shard, spec.world_size, spec.group_name)
+    shards: zero3.shard and the DeepSpeed takeover); dtype: cast on the way (None: the
+    shard's)."""
+    if dtype == shard.dtype:
+        dtype = None
+    full = torch.ops.dcr.allgather_cast(shard, spec.world_size, spec.group_name, dtype)
     return full[: spec.numel].view(spec.shape)
 
 
 def _read_parameter(module: nn.Module, name: str) -> torch.Tensor:
-    full = _gathered(module, name)
+    full = _gathered(module, name, compute=True)
     if torch.compiler.is_compiling():
         return full
     return guard(full, (module, name))
@@ -196,10 +213,14 @@ def _check_group_is_data_parallel(group, group_is_data_parallel: bool) -> None:
             f"a group, replicate across groups) is not supported.")
 
 
-def shard(module: nn.Module, group=None, *, config=None,
+def shard(module: nn.Module, group=None, *, config=None, param_dtype: Optional[torch.dtype] = None,
           group_is_data_parallel: bool = False) -> nn.Module:
     """Shards `module`'s parameters in place over `group` (default: WORLD); returns it.
 
+    param_dtype: mixed precision as FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype=
+    float32) does it (see the module docstring): floating-point parameters are gathered in this
+    dtype and floating-point forward inputs cast to it; shards and their gradients keep their
+    own dtype. None: parameters are used in their own dtype (with torch.autocast, say).
     group: the data-parallel group; gradients are averaged over its ranks. A group smaller
     than the world needs group_is_data_parallel=True (see _check_group_is_data_parallel).
     config: the RematConfig the module will be compiled with, if you want it checked here.
@@ -217,22 +238,46 @@ def shard(module: nn.Module, group=None, *, config=None,
                         "so compiled graphs may save gathered weights for the backward")
     if is_sharded(module):
         raise ValueError("deepcompile_remat.zero3.shard: module is already sharded")
+    if param_dtype is not None and not (isinstance(param_dtype, torch.dtype)
+                                        and param_dtype.is_floating_point):
+        raise TypeError("deepcompile_remat.zero3.shard: param_dtype must be a floating-point "
+                        f"torch.dtype (torch.bfloat16, say) or None, got {param_dtype!r}")
     group = _resolve_group(group)
     _check_group_is_data_parallel(group, group_is_data_parallel)
     _check_backend_serves(module, group)
-    settings = {"config passed to shard()": config is not None}
+    settings = {"config passed to shard()": config is not None,
+                "param_dtype": str(param_dtype)}
     if config is not None:
         settings.update({f"RematConfig.{k}": v for k, v in config.as_dict().items()})
     check_ranks_agree(settings, "deepcompile_remat.zero3.shard", group)
     _check_ranks_agree(module, group)
-    _shard_modules(module, group, reuse={})
+    _shard_modules(module, group, reuse={}, param_dtype=param_dtype)
+    if param_dtype is not None:
+        object.__setattr__(module, _INPUT_CAST_ATTR, module.register_forward_pre_hook(
+            _input_cast(param_dtype), with_kwargs=True))
     return module
 
 
-def _shard_modules(module: nn.Module, group, reuse: dict) -> None:
+def _input_cast(dtype: torch.dtype):
+    """The root's forward pre-hook under param_dtype: floating-point tensors among the forward's
+    arguments are cast to it (FSDP2's cast_forward_inputs), so the first layer computes in it."""
+    from torch.utils._pytree import tree_map_only
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype) if t.is_floating_point() else t
+
+    def hook(module, args, kwargs):
+        return tree_map_only(torch.Tensor, cast, args), tree_map_only(torch.Tensor, cast, kwargs)
+
+    return hook
+
+
+def _shard_modules(module: nn.Module, group, reuse: dict,
+                   param_dtype: Optional[torch.dtype] = None) -> None:
     """Replaces every full parameter of every submodule by this rank's shard. reuse maps
     id(full parameter) -> the shard it was gathered from: a parameter of unchanged shape and
-    dtype is written back into that same shard object (optimizers keep their references)."""
+    dtype is written back into that same shard object (optimizers keep their references).
+    param_dtype: what floating-point parameters are gathered as (ShardSpec.compute_dtype)."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     shards: dict[int, nn.Parameter] = {}
     for mod in module.modules():
@@ -258,8 +303,9 @@ def _shard_modules(module: nn.Module, group, reuse: dict) -> None:
                     new = nn.Parameter(mine.clone(), requires_grad=p.requires_grad)
                     new.ds_shape, new.ds_numel = torch.Size(p.shape), p.numel()
                     shards[id(p)] = new
+            compute = param_dtype if p.is_floating_point() and p.dtype != param_dtype else None
             specs[name] = ShardSpec(tuple(p.shape), p.numel(), shard_numel, world, rank,
-                                    group.group_name)
+                                    group.group_name, compute)
             mod._parameters[name] = shards[id(p)]
         object.__setattr__(mod, _SPECS_ATTR, specs)
         mod.__class__ = sharded_class(type(mod), names)
@@ -332,6 +378,7 @@ def gathered_parameters(module: nn.Module, modifier_rank: Optional[int] = None):
     object, so optimizers built before keep working; a new or reshaped parameter gets a new
     shard (build the optimizer after)."""
     group = _group_of(module)
+    param_dtype = _param_dtype_of(module)
     shard_of = _unshard_modules(module)
     try:
         yield module
@@ -346,12 +393,19 @@ def gathered_parameters(module: nn.Module, modifier_rank: Optional[int] = None):
             for r, theirs in enumerate(everyone):
                 for (name, a), (_, b) in zip(mine, theirs):
                     if a != b:
-                        _shard_modules(module, group, reuse=shard_of)
+                        _shard_modules(module, group, reuse=shard_of, param_dtype=param_dtype)
                         raise ValueError(
                             f"deepcompile_remat.zero3.gathered_parameters: parameter {name!r} "
                             f"differs between this rank and rank {r} of the group after the "
                             f"block; pass modifier_rank= to take one rank's values")
-        _shard_modules(module, group, reuse=shard_of)
+        _shard_modules(module, group, reuse=shard_of, param_dtype=param_dtype)
+
+
+def _param_dtype_of(module: nn.Module) -> Optional[torch.dtype]:
+    """The param_dtype the module was sharded with (None: none)."""
+    dtypes = {spec.compute_dtype for m in module.modules()
+              for spec in getattr(m, _SPECS_ATTR, {}).values() if spec.compute_dtype is not None}
+    return dtypes.pop() if dtypes else None
 
 
 def _state_dict_full(mod, state_dict, prefix, local_metadata):

@@ -1,5 +1,14 @@
+import os
+
 import pytest
 import torch
+
+# The processes the tests spawn (rank processes of compare and profile, the command-line
+# subprocesses) compile from scratch too: a warm on-disk cache skips the partitioner there, so
+# a check that ours cut the graphs (reports, compare's our_partitions) would fail or pass on
+# the cache's state. Forced through the environment, which spawned processes inherit.
+os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
+os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
 
 
 @pytest.fixture(autouse=True)
