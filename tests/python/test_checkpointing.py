@@ -242,10 +242,12 @@ def test_effectful_op_in_a_region_yields_the_request(kind):
 # --- transformers models with HF's own activation checkpointing ----------------------------------
 
 # Eager: each preset, both use_reentrant, with and without autocast. Inductor (20-30 s a case
-# at 2 layers): one layer of llama and of gpt2 (its dropout), under autocast.
+# at 2 layers): one layer of llama and of gpt2 (its dropout), under autocast, and of qwen2 with
+# use_reentrant=True (the autograd.Function form of checkpoint), without.
 HF_CASES = [(p, "eager", 2, reentrant, not reentrant) for p in ("llama", "qwen2", "gpt2")
             for reentrant in (False, True)] + [
-    ("llama", "inductor", 1, False, True), ("gpt2", "inductor", 1, False, True)]
+    ("llama", "inductor", 1, False, True), ("gpt2", "inductor", 1, False, True),
+    ("qwen2", "inductor", 1, True, False)]
 
 
 @pytest.mark.parametrize("preset,kind,layers,reentrant,autocast", HF_CASES)
