@@ -32,9 +32,12 @@ from graph_checks import capture_partitions, parameter_copies_saved  # noqa: E40
 VOCAB, SEQ = 128, 16
 # (preset, backend, precision, HF activation checkpointing): all pairs of the last three.
 OWN_RUNTIME_CASES = [("llama", "eager", "bf16", True), ("qwen2", "eager", "autocast", False),
-                     ("gpt2", "inductor", "bf16", False), ("llama", "inductor", "autocast", True)]
+                     ("gpt2", "inductor", "bf16", False), ("llama", "inductor", "autocast", True),
+                     # every preset with checkpointing on 2 ranks (eager: the cheap backend)
+                     ("qwen2", "eager", "bf16", True), ("gpt2", "eager", "autocast", True)]
 TAKEOVER_CASES = [("gpt2", "eager", "bf16", True), ("llama", "eager", "autocast", False),
-                  ("qwen2", "inductor", "bf16", False), ("gpt2", "inductor", "autocast", True)]
+                  ("qwen2", "inductor", "bf16", False), ("gpt2", "inductor", "autocast", True),
+                  ("qwen2", "eager", "autocast", True)]
 
 
 def _model(preset, checkpointing, dtype=torch.float32):
