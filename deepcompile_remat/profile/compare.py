@@ -203,8 +203,10 @@ def _log_to_file(path: str) -> str:
 
 
 def fold(rows: list) -> list:
-    """One entry per (precision, peer), in run order: the largest figure over ranks, per-rank
-    step-1 losses, and the reason a system did not run."""
+    """One entry per (precision, peer), in run order: the memory figures of the rank with the
+    largest step peak (one rank's, so at rest + transient <= step peak holds in every entry),
+    the largest time and count over ranks, per-rank step-1 losses, and the reason a system did
+    not run."""
     import math
 
     out: dict = {}
@@ -223,8 +225,11 @@ def fold(rows: list) -> list:
                  "taken_over": (all(r["taken_over"] for r in rs)
                                 if all("taken_over" in r for r in rs) else None),
                  "our_partitions": min(r.get("our_partitions", 0) for r in rs)}
-        for key in ("step_peak_bytes", "at_rest_bytes", "transient_bytes", "step_s", "cpu_s",
-                    "collectives", "first_step_s"):
+        measured = [r for r in rs if "step_peak_bytes" in r]
+        worst = max(measured, key=lambda r: r["step_peak_bytes"]) if measured else {}
+        for key in ("step_peak_bytes", "at_rest_bytes", "transient_bytes"):
+            entry[key] = worst[key] if key in worst and why is None else math.nan
+        for key in ("step_s", "cpu_s", "collectives", "first_step_s"):
             values = [r[key] for r in rs if key in r]
             entry[key] = max(values) if values and why is None else math.nan
         folded.append(entry)

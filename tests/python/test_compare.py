@@ -100,6 +100,22 @@ def test_a_system_that_cannot_run_says_why():
     assert not by["fsdp2-module"]["loss_ok"] and "!loss" in text  # 4.5 vs 4.0: marked
 
 
+def test_a_row_takes_its_memory_figures_from_one_rank():
+    """Silent bug guarded (seen in CI): the largest at-rest of one rank and the largest
+    transient of another made a row whose at rest + transient exceeded its step peak, and a
+    peers.png bar taller than the peak. The row is the rank with the largest step peak; times
+    are the slowest rank's."""
+    rows = [{"peer": "ours-eager", "precision": "bf16", "rank": 0, "step1_loss": 4.0,
+             "step_peak_bytes": 7e5, "at_rest_bytes": 4e5, "transient_bytes": 3e5,
+             "step_s": 0.2, "cpu_s": 0.1, "collectives": 10, "first_step_s": 1.0},
+            {"peer": "ours-eager", "precision": "bf16", "rank": 1, "step1_loss": 4.0,
+             "step_peak_bytes": 6.9e5, "at_rest_bytes": 3.5e5, "transient_bytes": 3.4e5,
+             "step_s": 0.1, "cpu_s": 0.3, "collectives": 10, "first_step_s": 1.0}]
+    (e,) = fold(rows)
+    assert (e["step_peak_bytes"], e["at_rest_bytes"], e["transient_bytes"]) == (7e5, 4e5, 3e5)
+    assert (e["step_s"], e["cpu_s"]) == (0.2, 0.3)
+
+
 def test_terminal_shows_progress_and_table_only(tmp_path):
     """Rank processes' output (DeepSpeed's banners, torch's deprecation warnings, kineto's
     profiler lines) goes to per-rank logs; the terminal gets the progress line and the table."""
