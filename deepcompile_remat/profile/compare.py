@@ -6,7 +6,8 @@ with AdamW each.
     deepcompile-remat compare --model llama --layers 4 --hidden 256 --checkpointing
     deepcompile-remat compare --model path/to/config.json --peers ours-eager fsdp2-module
 
-Per system and precision, on every rank (folded: the largest over ranks):
+Per system and precision, on every rank (folded: the memory figures of the rank with the
+largest step peak, the slowest rank's time):
   step peak    the allocator's absolute total at its highest over one whole step (forward,
                backward, optimizer step, gradients released): what runs out of memory
   at rest      the total when the step begins: model, optimizer state, buffers a system keeps

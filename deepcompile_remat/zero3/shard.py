@@ -55,7 +55,6 @@ class ShardSpec:
 
 log = logging.getLogger(__name__)
 _SPECS_ATTR = "_dcr_shard_specs"
-_INPUT_CAST_ATTR = "_dcr_input_cast"  # the root's forward pre-hook casting inputs (param_dtype)
 _HOOKS_ATTR = "_dcr_state_dict_hooks"
 _sharded_classes: dict = {}
 
@@ -81,8 +80,6 @@ def gather(shard: torch.Tensor, spec: ShardSpec, dtype: Optional[torch.dtype] = 
     """The full parameter from this rank's shard, as a traced gather (shared by every owner of
     shards: zero3.shard and the DeepSpeed takeover); dtype: cast on the way (None: the
     shard's)."""
-    if dtype == shard.dtype:
-        dtype = None
     full = torch.ops.dcr.allgather_cast(shard, spec.world_size, spec.group_name, dtype)
     return full[: spec.numel].view(spec.shape)
 
@@ -253,8 +250,7 @@ def shard(module: nn.Module, group=None, *, config=None, param_dtype: Optional[t
     _check_ranks_agree(module, group)
     _shard_modules(module, group, reuse={}, param_dtype=param_dtype)
     if param_dtype is not None:
-        object.__setattr__(module, _INPUT_CAST_ATTR, module.register_forward_pre_hook(
-            _input_cast(param_dtype), with_kwargs=True))
+        module.register_forward_pre_hook(_input_cast(param_dtype), with_kwargs=True)
     return module
 
 

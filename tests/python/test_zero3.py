@@ -614,8 +614,8 @@ def _param_dtype_like_fsdp2(rank, world, kind):
     torch.testing.assert_close(out, ref.to(torch.bfloat16)(x.to(torch.bfloat16)), rtol=0, atol=0)
     out.float().sum().backward()
     assert all(p.dtype == p.grad.dtype == torch.float32 for p in mlp.parameters())
-    with zero3.gathered_parameters(mlp):  # re-sharded on exit with the same param_dtype
-        pass
+    with zero3.gathered_parameters(mlp):  # full fp32 inside; re-sharded on exit, param_dtype kept
+        assert mlp.fc1.weight.shape == (128, 32) and mlp.fc1.weight.dtype == torch.float32
     assert mlp(x).dtype == torch.bfloat16
 
 
