@@ -1,4 +1,4 @@
-"""Benchmark of the fused cast + allgather (deepcompile_remat.ops), GPU; --cpu: the CPU slot fill.
+"""Benchmark of the fused cast + allgather (deepcompile_remat.comm), GPU; --cpu: the CPU slot fill.
 
 1. Cast kernel bandwidth: one multi-tensor launch over a bucket of Llama-7B-like shards,
    effective GB/s at 6 bytes per element (4 read + 2 written), next to a device-to-device
@@ -26,7 +26,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from deepcompile_remat import ops
+from deepcompile_remat import comm
 
 # One Llama-7B decoder layer (hidden 4096, MLP 11008): q, k, v, o, gate, up, down, 2 norms.
 LAYER_SHAPES = [(4096, 4096)] * 4 + [(11008, 4096)] * 2 + [(4096, 11008)] + [(4096,)] * 2
@@ -64,7 +64,7 @@ def bench_cast_kernel(shards, iters: int) -> dict:
     from deepcompile_remat import _cuda
 
     outs = [torch.empty(s.numel(), dtype=torch.bfloat16, device=s.device) for s in shards]
-    option = ops.torch_nan_option("cuda", torch.bfloat16)
+    option = comm.torch_nan_option("cuda", torch.bfloat16)
     stream = torch.cuda.current_stream()
     args = ([s.data_ptr() for s in shards], [o.data_ptr() for o in outs],
             [s.numel() for s in shards], "bfloat16", option.nan_mode, option.canonical_nan)
@@ -94,7 +94,7 @@ def bench_cpu_fill(layers: int, iters: int) -> dict:
     shards = make_bucket(layers, 2, "cpu")
     outs = [torch.empty(2 * s.numel(), dtype=torch.bfloat16) for s in shards]
     slots = [o.view(2, -1)[1] for o in outs]
-    option = ops.torch_nan_option("cpu", torch.bfloat16)
+    option = comm.torch_nan_option("cpu", torch.bfloat16)
 
     def kernel():  # the runtime's CPU path before: NaN probe (cached) + one C++ call
         _C.cast_shards_into_slots([s.numpy() for s in shards],
@@ -132,7 +132,7 @@ def bench_gather(shards, world: int, iters: int) -> dict:
     device = shards[0].device
 
     def fused():
-        return ops.allgather_cast(shards, dtype=torch.bfloat16)
+        return comm.cast_and_gather(shards, dtype=torch.bfloat16)
 
     def baseline():
         outs = []
@@ -146,12 +146,12 @@ def bench_gather(shards, world: int, iters: int) -> dict:
         return outs
 
     def private_communicator():
-        from deepcompile_remat.ops import cuda_module
+        from deepcompile_remat.comm import cuda_module
 
-        option = ops.torch_nan_option("cuda", torch.bfloat16)
+        option = comm.torch_nan_option("cuda", torch.bfloat16)
         outs = [torch.empty(world * s.numel(), dtype=torch.bfloat16, device=device) for s in shards]
-        comm = cuda_module.communicator(None, device)
-        event = comm.allgather_cast(
+        nccl = cuda_module.communicator(None, device)
+        event = nccl.allgather_cast(
             [s.data_ptr() for s in shards], [o.data_ptr() for o in outs],
             [s.numel() for s in shards], "bfloat16", 2, option.nan_mode, option.canonical_nan,
             torch.cuda.current_stream(device).cuda_stream,
@@ -195,8 +195,8 @@ def main() -> None:
         world, rank = dist.get_world_size(), dist.get_rank()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     device = torch.device("cuda", torch.cuda.current_device())
-    if not ops.cuda_available():
-        raise SystemExit(f"_cuda not built: {ops.cuda_build_info()}")
+    if not comm.cuda_available():
+        raise SystemExit(f"_cuda not built: {comm.cuda_build_info()}")
 
     shards = make_bucket(args.layers, world, device)
     results = {"device": torch.cuda.get_device_name(device), "world": world,
@@ -209,7 +209,7 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=2)
     if world > 1:
-        ops.destroy_communicators()
+        comm.destroy_communicators()
         dist.destroy_process_group()
 
 

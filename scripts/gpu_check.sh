@@ -40,7 +40,7 @@ step "build (editable, CUDA module for sm_90)"
 python3 -m pip install -v --no-deps --no-build-isolation -e . >"$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
 grep -E "deepcompile_remat: (CUDA|skipping)" "$OUT/build.log"
-python3 -c "from deepcompile_remat import ops; print('cuda module built:', ops.cuda_available(), 'usable:', ops.cuda_usable()); print(ops.cuda_build_info())" || status=1
+python3 -c "from deepcompile_remat import comm; print('cuda module built:', comm.cuda_available(), 'usable:', comm.cuda_usable()); print(comm.cuda_build_info())" || status=1
 
 step "GPU tests, and the CPU tests that check this torch"
 python3 -m pytest -q -p no:cacheprovider tests/python/test_cast_ops.py \

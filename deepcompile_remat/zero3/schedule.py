@@ -160,8 +160,8 @@ def _bucket_small_gathers(gm: fx.GraphModule, bucket_bytes: float) -> int:
 def _gather_backends(gm: fx.GraphModule) -> set:
     """The backends ("nccl", "gloo", ...) that run the graph's gathers: each group's backend
     for its shard's device (a group "cpu:gloo,cuda:nccl" gathers CUDA shards over NCCL)."""
-    from deepcompile_remat.ops.collectives import backend_name
-    from deepcompile_remat.zero3.ops import resolve_group
+    from deepcompile_remat.comm.collectives import backend_name
+    from deepcompile_remat.zero3.custom_ops import resolve_group
 
     found = set()
     for n in gm.graph.nodes:

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from deepcompile_remat.config import RematConfig, check_ranks_agree
-from deepcompile_remat.zero3 import ops  # noqa: F401  (registers torch.ops.dcr.*)
+from deepcompile_remat.zero3 import custom_ops  # noqa: F401  (registers torch.ops.dcr.*)
 from deepcompile_remat.zero3.guard import GatheredCopy, guard
 
 
@@ -343,7 +343,7 @@ def _group_of(module: nn.Module):
     if len(names) != 1:
         raise ValueError(f"deepcompile_remat.zero3: expected parameters sharded over one "
                          f"process group, found {len(names)}")
-    return ops.resolve_group(names.pop())
+    return custom_ops.resolve_group(names.pop())
 
 
 def _fingerprints(module: nn.Module) -> list:

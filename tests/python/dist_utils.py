@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from deepcompile_remat.bench.ports import free_port
-from deepcompile_remat.zero3.ops import resolve_group
+from deepcompile_remat.zero3.custom_ops import resolve_group
 
 
 def _entry(rank, world, port, fn, args, backend="gloo"):

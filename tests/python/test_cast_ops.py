@@ -1,4 +1,4 @@
-"""Cast kernels and allgather_cast against torch's own cast + all_gather, bit for bit."""
+"""Cast kernels and comm.cast_and_gather against torch's own cast + all_gather, bit for bit."""
 import importlib.util
 import json
 import math
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from deepcompile_remat import _C, ops
+from deepcompile_remat import _C, comm
 
 DTYPES = [torch.bfloat16, torch.float16]
 
@@ -50,7 +50,7 @@ def test_kernel_bit_identical_to_torch(dtype, n, start):
     full = nasty_fp32(n + start, seed=n)
     src = full[start:]  # unaligned view
     out = torch.full((n + 5,), -1, dtype=torch.int16)
-    option = ops.torch_nan_option("cpu", dtype)
+    option = comm.torch_nan_option("cpu", dtype)
     assert option is not None
     _C.cast_fp32_into(src.numpy(), out.numpy(), 2, str(dtype).split(".")[1], option.nan_mode,
                       option.canonical_nan)
@@ -77,30 +77,30 @@ def test_kernel_rejects_bad_arrays():
 @pytest.mark.parametrize("dtype", DTYPES + [None])
 def test_world_size_one(dtype):
     shards = [nasty_fp32(5, 1), nasty_fp32(8, 2)]
-    outs = ops.allgather_cast(shards, dtype=dtype)
+    outs = comm.cast_and_gather(shards, dtype=dtype)
     for s, o in zip(shards, outs):
         want = s if dtype is None else s.to(dtype)
         assert o.dtype == want.dtype
         np.testing.assert_array_equal(o.view(torch.int16 if o.element_size() == 2 else torch.int32).numpy(),
                                       want.view(o.view(torch.int16 if o.element_size() == 2 else torch.int32).dtype).numpy())
-    handle = ops.allgather_cast(shards, dtype=dtype, async_op=True)
+    handle = comm.cast_and_gather(shards, dtype=dtype, async_op=True)
     assert len(handle.wait()) == 2 and handle.is_completed()
 
 
 def test_argument_checks():
     with pytest.raises(ValueError):
-        ops.allgather_cast([torch.ones(2, 2)])
+        comm.cast_and_gather([torch.ones(2, 2)])
     with pytest.raises(ValueError):
-        ops.allgather_cast([torch.ones(4)], outputs=[torch.empty(3, dtype=torch.bfloat16)],
+        comm.cast_and_gather([torch.ones(4)], outputs=[torch.empty(3, dtype=torch.bfloat16)],
                            dtype=torch.bfloat16)
     with pytest.raises(ValueError):
-        ops.allgather_cast([torch.ones(4, dtype=torch.float16)], dtype=torch.bfloat16)
+        comm.cast_and_gather([torch.ones(4, dtype=torch.float16)], dtype=torch.bfloat16)
 
 
 def test_cuda_build_info_says_why():
-    info = ops.cuda_build_info()
+    info = comm.cuda_build_info()
     assert "built" in info and "reason" in info
-    if not ops.cuda_available():
+    if not comm.cuda_available():
         assert info["reason"] or info["import_error"]
 
 
@@ -123,7 +123,7 @@ def _worker(rank, world, init_file, backend, results):
             for async_op in (False, True):
                 shards = [nasty_fp32(n, seed=100 * rank + i).to(device)
                           for i, n in enumerate(sizes.values())]
-                got = ops.allgather_cast(shards, dtype=dtype, group=None, async_op=async_op)
+                got = comm.cast_and_gather(shards, dtype=dtype, group=None, async_op=async_op)
                 if async_op:
                     got = got.wait()
                 for s, o in zip(shards, got):
@@ -139,7 +139,7 @@ def _worker(rank, world, init_file, backend, results):
     except Exception as e:  # reported to the parent
         results[rank] = repr(e)
     finally:
-        ops.destroy_communicators()
+        comm.destroy_communicators()
         dist.destroy_process_group()
 
 
@@ -166,14 +166,14 @@ def test_cuda_kernel_bit_identical_to_torch(dtype, start, path):
     """Source `start` floats past a 16-byte boundary (a scalar head of (4 - start) % 4);
     destination offset chosen so the float4 body runs after that head ("vector": dst + head
     8-byte aligned) or cannot run ("scalar")."""
-    if not ops.cuda_available():
-        pytest.fail(f"CUDA device present but _cuda not built: {ops.cuda_build_info()}")
+    if not comm.cuda_available():
+        pytest.fail(f"CUDA device present but _cuda not built: {comm.cuda_build_info()}")
     from deepcompile_remat import _cuda
 
     # Offsets on the device buffers themselves: .cuda() of a CPU view would realign them.
     srcs = [nasty_fp32(n + start, seed=n).cuda()[start:] for n in (1, 3, 17, 4099, 1 << 20)]
     dst_offset = start + (0 if path == "vector" else 1)
-    option = ops.torch_nan_option("cuda", dtype)
+    option = comm.torch_nan_option("cuda", dtype)
     assert option is not None
     outs = [torch.full((s.numel() + 8,), -1, dtype=torch.int16, device="cuda") for s in srcs]
     stream = torch.cuda.current_stream()
@@ -192,7 +192,7 @@ def test_cuda_kernel_bit_identical_to_torch(dtype, start, path):
 def test_cuda_world_size_one():
     shards = [nasty_fp32(n, seed=n).cuda() for n in (5, 4099)]
     for dtype in DTYPES + [None]:
-        outs = ops.allgather_cast(shards, dtype=dtype)
+        outs = comm.cast_and_gather(shards, dtype=dtype)
         for s, o in zip(shards, outs):
             assert same_bits(o, s if dtype is None else s.to(dtype))
 

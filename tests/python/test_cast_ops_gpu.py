@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from deepcompile_remat import ops
+from deepcompile_remat import comm
 from deepcompile_remat.bench.ports import free_port
-from deepcompile_remat.ops import cuda_module
+from deepcompile_remat.comm import cuda_module
 from test_cast_ops import DTYPES, nasty_fp32, same_bits
 
 pytestmark = [pytest.mark.gpu,
@@ -19,12 +19,12 @@ SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU spin: long enough for a missing wait
 
 @pytest.fixture
 def nccl_world_one():
-    if not ops.cuda_available():
-        pytest.fail(f"CUDA device present but _cuda not built: {ops.cuda_build_info()}")
+    if not comm.cuda_available():
+        pytest.fail(f"CUDA device present but _cuda not built: {comm.cuda_build_info()}")
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                             world_size=1, device_id=torch.device("cuda", 0))
     yield
-    ops.destroy_communicators()
+    comm.destroy_communicators()
     dist.destroy_process_group()
 
 
@@ -39,18 +39,18 @@ def test_nccl_communicator_path_bit_identical(nccl_world_one, dtype):
     comm = cuda_module.communicator(dist.group.WORLD, device)
     assert (comm.world_size, comm.rank) == (1, 0)
     assert cuda_module.communicator(dist.group.WORLD, device) is comm  # cached per group
-    option = ops.torch_nan_option("cuda", dtype) if dtype is not None else None
+    option = comm.torch_nan_option("cuda", dtype) if dtype is not None else None
     fill = "copy" if dtype is None else str(dtype).split(".")[1]
     compute = torch.cuda.current_stream(device)
     side = cuda_module.comm_stream(device)
-    event = comm.allgather_cast(
+    event = comm.cast_and_gather(
         [s.data_ptr() for s in shards], [o.data_ptr() for o in outs], [s.numel() for s in shards],
         fill, outs[0].element_size(), option.nan_mode if option else "quiet",
         option.canonical_nan if option else 0, compute.cuda_stream, side.cuda_stream)
     event.wait(compute.cuda_stream)
     for s, o in zip(shards, outs):
         assert same_bits(o, s if dtype is None else s.to(dtype))
-    ops.destroy_communicators()
+    comm.destroy_communicators()
     assert comm.destroyed
 
 
@@ -62,11 +62,11 @@ def test_no_allocation_beyond_the_outputs(dtype):
     shards = [nasty_fp32(n, seed=n).cuda() for n in (3, 4099, 1 << 20)]
     outs = [torch.empty(s.numel(), dtype=dtype, device="cuda") for s in shards]
     # warm: the module check (cuda_module.usable) and the NaN probe, both cached
-    ops.allgather_cast(shards, outputs=outs, dtype=dtype)
+    comm.cast_and_gather(shards, outputs=outs, dtype=dtype)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    ops.allgather_cast(shards, outputs=outs, dtype=dtype)
+    comm.cast_and_gather(shards, outputs=outs, dtype=dtype)
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() == before
     for s, o in zip(shards, outs):
@@ -76,11 +76,11 @@ def test_no_allocation_beyond_the_outputs(dtype):
 def _require_cast_kernel():
     """The CUDA module's cast kernel must be what fill_slots runs: with it unbuilt or unusable
     the runtime silently casts with torch, and a test of our kernel would test torch's."""
-    if not ops.cuda_usable():
+    if not comm.cuda_usable():
         pytest.fail("the CUDA extension (deepcompile_remat._cuda) is not built or not usable "
                     "with this torch and driver, so this would test torch's cast, not ours; "
                     "build it first (scripts/gpu_check.sh builds it right before running the "
-                    f"GPU tests): {ops.cuda_build_info()}")
+                    f"GPU tests): {comm.cuda_build_info()}")
 
 
 @pytest.mark.parametrize("path", ["kernel", "torch"])
@@ -118,7 +118,7 @@ def test_cast_runs_on_the_current_stream_after_the_producer(dtype, path, monkeyp
         torch.cuda._sleep(SLEEP_CYCLES)  # the producer finishes late
         for s, b in zip(shards, base):
             s.copy_(b)
-        handle = ops.allgather_cast(shards, dtype=dtype, async_op=True)
+        handle = comm.cast_and_gather(shards, dtype=dtype, async_op=True)
         outs = handle.wait()
         got = [o.clone() for o in outs]  # read in stream order after the wait
     torch.cuda.synchronize()
@@ -136,7 +136,7 @@ def test_cast_runs_on_the_shards_device(dtype):
     must run under device 1."""
     shards = [nasty_fp32(n, seed=n).to("cuda:1") for n in (5, 4099)]
     torch.cuda.set_device(0)
-    outs = ops.allgather_cast(shards, dtype=dtype)
+    outs = comm.cast_and_gather(shards, dtype=dtype)
     torch.cuda.synchronize(1)
     for s, o in zip(shards, outs):
         assert o.device == s.device and same_bits(o, s.to(dtype))

@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 import deepcompile_remat as dcr
 import recording_pg
-from deepcompile_remat import ops
-from deepcompile_remat.ops import collectives
+from deepcompile_remat import comm
+from deepcompile_remat.comm import collectives
 from deepcompile_remat.zero3.passes import gather_dtype
 from dist_utils import run_ranks
 from graph_checks import capture_partitions
@@ -25,7 +25,7 @@ from test_zero3 import STEPS, _train_and_compare
 
 PREFETCH = dcr.RematConfig(max_prefetch=2, prefetch_budget_bytes=1e12, bucket_bytes=0)
 # The default buckets: small gathers share one collective (dcr::allgather_cast_bucket ->
-# ops.allgather_cast_packed), small gradients one reduce-scatter
+# comm.cast_and_gather_packed), small gradients one reduce-scatter
 # (dcr::reduce_scatter_grad_bucket).
 BUCKETED = dcr.RematConfig(max_prefetch=2, prefetch_budget_bytes=1e12)
 CONFIGS = {"unbucketed": PREFETCH, "bucketed": BUCKETED}
@@ -102,9 +102,9 @@ def _nccl_training(rank, world, kind, config_name="unbucketed"):
     assert dist.get_backend(group) == recording_pg.NAME
     assert collectives.backend_name(group, "cpu") == "nccl" and collectives.is_nccl(group, "cpu")
     recording_pg.clear()
-    # The records each packed gather (a bucket) issued: allgather_cast_packed waits before it
+    # The records each packed gather (a bucket) issued: cast_and_gather_packed waits before it
     # returns, so they are the gathers logged during the call.
-    packed_records, real_packed = [], ops.allgather_cast_packed
+    packed_records, real_packed = [], comm.cast_and_gather_packed
 
     def packed_spy(*args, **kwargs):
         before = len(recording_pg.log())
@@ -112,13 +112,13 @@ def _nccl_training(rank, world, kind, config_name="unbucketed"):
         packed_records.extend(r for r in recording_pg.log()[before:] if r["op"] == "all_gather")
         return out
 
-    ops.allgather_cast_packed = packed_spy
+    comm.cast_and_gather_packed = packed_spy
     try:
         # "auto": async prefetch on NCCL only; here it must turn on.
         with capture_partitions() as graphs:
             _train_and_compare(rank, world, kind, True, CONFIGS[config_name])
     finally:
-        ops.allgather_cast_packed = real_packed
+        comm.cast_and_gather_packed = real_packed
     records = list(recording_pg.log())
     figures = _check_log(records, world)
     reps = dcr.reports()
@@ -172,7 +172,7 @@ def test_nccl_path_trains_like_one_process(kind):
 
 def test_nccl_path_with_buckets_trains_like_one_process():
     """The default buckets on the NCCL branch: the packed gather
-    (dcr::allgather_cast_bucket -> allgather_cast_packed) and the bucketed reduce-scatter
+    (dcr::allgather_cast_bucket -> cast_and_gather_packed) and the bucketed reduce-scatter
     (dcr::reduce_scatter_grad_bucket) run through the NCCL-looking group, coalesced, in place,
     waited on, the same sequence on every rank, once per step for each bucket in the graphs,
     and training matches one process. Before: only bucket_bytes=0 ran here, so neither form
@@ -228,7 +228,7 @@ def test_split_prefetched_waits_before_the_first_read():
 def _handles(rank, world):
     shards = [torch.full((3,), float(rank)), torch.full((5,), 10.0 + rank)]
     recording_pg.clear()
-    handle = ops.allgather_cast(shards, dtype=torch.bfloat16, async_op=True)
+    handle = comm.cast_and_gather(shards, dtype=torch.bfloat16, async_op=True)
     assert not handle.is_completed()  # NCCL-style: nothing has run yet
     outs = handle.wait()
     assert handle.is_completed()
@@ -240,7 +240,7 @@ def _handles(rank, world):
 
 
 def test_async_handle_on_nccl_reports_completion():
-    """Before: AllGatherHandle.is_completed() raised AttributeError on NCCL (torch's coalescing
+    """Before: GatherHandle.is_completed() raised AttributeError on NCCL (torch's coalescing
     manager has no is_completed)."""
     run_ranks(_handles, 2, backend=recording_pg.NAME)
 
@@ -293,7 +293,7 @@ def test_cuda_gather_runs_under_the_shards_device():
     collective: test_both_gathers_fill_and_gather_inside_the_device_guard.)"""
     import importlib
 
-    module = importlib.import_module("deepcompile_remat.ops.allgather_cast")
+    module = importlib.import_module("deepcompile_remat.comm.cast_gather")
     guard = module._device_guard(torch.device("cuda", 3))
     assert isinstance(guard, torch.cuda.device) and guard.idx == 3
     assert not isinstance(module._device_guard(torch.device("cpu")), torch.cuda.device)
@@ -302,12 +302,12 @@ def test_cuda_gather_runs_under_the_shards_device():
 @pytest.mark.parametrize("form", ["single", "single_async", "packed"])
 def test_both_gathers_fill_and_gather_inside_the_device_guard(form, monkeypatch):
     """The guard is entered, with the shards' device, around both the slot fill and the
-    collective, by allgather_cast and allgather_cast_packed alike. Before: only the guard's
+    collective, by cast_and_gather and cast_and_gather_packed alike. Before: only the guard's
     construction was tested, so deleting a `with _device_guard(...)` failed no CPU test. World
     2 is faked (no process group): the collective is a stub that checks where it runs."""
     import importlib
 
-    module = importlib.import_module("deepcompile_remat.ops.allgather_cast")
+    module = importlib.import_module("deepcompile_remat.comm.cast_gather")
     entered, active = [], []
 
     @contextlib.contextmanager
@@ -336,10 +336,10 @@ def test_both_gathers_fill_and_gather_inside_the_device_guard(form, monkeypatch)
     monkeypatch.setattr(module, "_world_and_rank", lambda group: (2, 0))
     shards = [torch.arange(3.0), torch.arange(5.0) + 10]
     if form == "packed":
-        buf = module.allgather_cast_packed(shards, dtype=torch.bfloat16)
+        buf = module.cast_and_gather_packed(shards, dtype=torch.bfloat16)
         assert torch.equal(buf.view(2, -1)[0].float(), torch.cat(shards))
     else:
-        got = module.allgather_cast(shards, dtype=torch.bfloat16, async_op=form == "single_async")
+        got = module.cast_and_gather(shards, dtype=torch.bfloat16, async_op=form == "single_async")
         outs = got.wait() if form == "single_async" else got
         assert [o.float()[:s.numel()].tolist() for o, s in zip(outs, shards)] == \
             [s.tolist() for s in shards]
@@ -360,14 +360,14 @@ def test_both_gathers_fill_and_gather_inside_the_device_guard(form, monkeypatch)
 def test_cuda_module_checked_against_torch_and_driver(built, torch_cuda, driver, why):
     """Before: the extension's build CUDA was never compared with torch.version.cuda or the
     driver; a module built for another CUDA would be launched anyway."""
-    from deepcompile_remat.ops.cuda_module import incompatibility
+    from deepcompile_remat.comm.cuda_module import incompatibility
 
     got = incompatibility(built, torch_cuda, driver)
     assert (got is None) if why is None else (why in got), got
 
 
 def test_incompatible_cuda_module_falls_back_with_a_warning(monkeypatch, caplog):
-    from deepcompile_remat.ops import cuda_module
+    from deepcompile_remat.comm import cuda_module
 
     monkeypatch.setattr(cuda_module, "_cuda", object())  # "built and imported"
     monkeypatch.setattr(cuda_module, "cuda_build_info",

@@ -1,4 +1,4 @@
-"""The collectives under allgather_cast, device-independent: which backend serves a device, and
+"""The collectives under cast_and_gather, device-independent: which backend serves a device, and
 the in-place gather of this rank's slots, issued the way that backend wants them.
 
     backend_name(group, "cuda")   -> "nccl" (also for "cpu:gloo,cuda:nccl" and the default group)

@@ -12,8 +12,8 @@
         (zero3/schedule.py): the start issues it (cast into the slot, collective in flight) and
         returns the output, not yet valid; the wait, a mutation of `full` as far as the compiler
         knows, is placed before the first use, so nothing reads `full` before it. The start
-        is deepcompile_remat.ops.allgather_cast with async_op=True; allgather_cast is start +
-        wait. (The bucket op below runs its packed form, ops.allgather_cast_packed: the same
+        is deepcompile_remat.comm.cast_and_gather with async_op=True; allgather_cast is start +
+        wait. (The bucket op below runs its packed form, comm.cast_and_gather_packed: the same
         fill_slots + gather_slots.)
     grad_shard = torch.ops.dcr.reduce_scatter_grad(full_grad, world_size, group_name)
         the average over ranks of each rank's full gradient, this rank's slot only (data
@@ -23,7 +23,7 @@
 
 Fake implementations give shapes for tracing; the process group is named by its group_name
 (resolved on every call, so graphs hold no Python objects). The CUDA path uses the fused
-kernels of deepcompile_remat.ops when they were built, else torch's own cast + collective.
+kernels of deepcompile_remat.comm when they were built, else torch's own cast + collective.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from deepcompile_remat.ops.collectives import backend_name
+from deepcompile_remat.comm.collectives import backend_name
 
 class CommStats:
     """Bytes this process sent and received through the ops (for the measurements)."""
@@ -56,13 +56,13 @@ def resolve_group(group_name: str):
 
 def _gather_into(shards, outputs, dtype, group, async_op: bool = False):
     """Cast each shard into this rank's slot of its output, then gather the slots in place:
-    deepcompile_remat.ops.allgather_cast, the single form of the one cast + gather path
+    deepcompile_remat.comm.cast_and_gather, the single form of the one cast + gather path
     (fill_slots + gather_slots) that the packed form of the buckets
-    (allgather_cast_packed, dcr::allgather_cast_bucket) shares; the same on CPU, CUDA, NCCL,
+    (cast_and_gather_packed, dcr::allgather_cast_bucket) shares; the same on CPU, CUDA, NCCL,
     gloo and torch's fake process group of emulated worlds. Returns the handle when async_op."""
-    from deepcompile_remat import ops as kernels
+    from deepcompile_remat import comm
 
-    return kernels.allgather_cast(list(shards), list(outputs), dtype=dtype, group=group,
+    return comm.cast_and_gather(list(shards), list(outputs), dtype=dtype, group=group,
                                   async_op=async_op)
 
 
@@ -192,12 +192,12 @@ def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_nam
     """One collective for a bucket of small parameters: every shard is cast into this rank's
     slot of one buffer, the buffer is gathered once, and each full parameter is copied out.
     Used by the schedule (zero3/schedule.py) inside already-differentiated graphs: no autograd."""
-    from deepcompile_remat import ops as kernels
+    from deepcompile_remat import comm
 
     _check_bucket(shards)
     sizes = [s.numel() for s in shards]
     group = resolve_group(group_name) if dist.is_initialized() else None
-    buf = kernels.allgather_cast_packed(shards, dtype, group)  # one collective, cast on the way
+    buf = comm.cast_and_gather_packed(shards, dtype, group)  # one collective, cast on the way
     if world_size > 1:
         _count_gather(buf, world_size)
     rows = buf.view(world_size, sum(sizes))

@@ -1,7 +1,7 @@
-"""allgather_cast: gather a bucket of ZeRO-3 shards into full parameters, casting on the way.
+"""cast_and_gather: gather a bucket of ZeRO-3 shards into full parameters, casting on the way.
 
-    outputs = allgather_cast(shards, outputs=None, dtype=None, group=None, async_op=False)
-    handle = allgather_cast(shards, ..., async_op=True); ...; outputs = handle.wait()
+    outputs = cast_and_gather(shards, outputs=None, dtype=None, group=None, async_op=False)
+    handle = cast_and_gather(shards, ..., async_op=True); ...; outputs = handle.wait()
 
 shards[i] is this rank's flat shard of parameter i (1-D, padded so every rank holds the same
 length n_i); outputs[i] is the flat full parameter, world * n_i elements of `dtype` (default:
@@ -12,9 +12,9 @@ Cast before gather: each shard is cast straight into this rank's slot of its out
 slots are then all-gathered in place (collectives.gather_slots), so a bf16/fp16 gather moves
 half the bytes of an fp32 one and no full fp32 copy of the weight is ever made. One cast +
 gather path serves every gather of the runtime: fill_slots then gather_slots, under the shards'
-device, shared by the single form (allgather_cast: dcr::allgather_cast, and the prefetched
+device, shared by the single form (cast_and_gather: dcr::allgather_cast, and the prefetched
 dcr::allgather_cast_start / _wait, whose start is this call with async_op=True) and the packed
-form (allgather_cast_packed: a bucket, dcr::allgather_cast_bucket, in one collective).
+form (cast_and_gather_packed: a bucket, dcr::allgather_cast_bucket, in one collective).
 
     slot fill   CUDA: deepcompile_remat._cuda casts every shard in one launch on the current
                 stream (under the shards' device), when the module is built and matches this
@@ -23,7 +23,7 @@ form (allgather_cast_packed: a bucket, dcr::allgather_cast_bucket, in one collec
                 benchmarks/bench_allgather_cast.py --cpu);
     gather      the process group's own collective, in place, NCCL coalesced into one group.
 
-async_op=True returns an AllGatherHandle; its wait() returns the outputs (on CUDA it makes the
+async_op=True returns an GatherHandle; its wait() returns the outputs (on CUDA it makes the
 current stream wait, the host does not). Otherwise the outputs are returned, ready to use in
 stream order.
 """
@@ -35,14 +35,14 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from deepcompile_remat.ops import cuda_module
-from deepcompile_remat.ops.collectives import gather_slots, work_completed
-from deepcompile_remat.ops.nan_policy import target_name, torch_nan_option
+from deepcompile_remat.comm import cuda_module
+from deepcompile_remat.comm.collectives import gather_slots, work_completed
+from deepcompile_remat.comm.nan_policy import target_name, torch_nan_option
 
 _CASTABLE = (torch.bfloat16, torch.float16)
 
 
-class AllGatherHandle:
+class GatherHandle:
     """The pending gather of a bucket. wait() returns the outputs once they may be read."""
 
     def __init__(self, outputs: List[torch.Tensor], works=()):
@@ -69,7 +69,7 @@ def _world_and_rank(group) -> tuple:
 
 def _check_and_allocate(shards: Sequence[torch.Tensor], outputs, dtype, world: int):
     if len(shards) == 0:
-        raise ValueError("allgather_cast needs at least one shard")
+        raise ValueError("cast_and_gather needs at least one shard")
     device = shards[0].device
     for s in shards:
         if s.dim() != 1:
@@ -121,16 +121,16 @@ def fill_slots(shards, slots, dtype) -> None:
         torch._foreach_copy_(list(slots), list(shards))
 
 
-def allgather_cast_packed(shards: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None,
+def cast_and_gather_packed(shards: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None,
                           group=None) -> torch.Tensor:
     """A bucket in ONE collective: every shard is cast into its piece of this rank's row of one
     (world, sum of shard lengths) buffer, and the rows are gathered in place. Returns the buffer;
     parameter i is column block i of it. One collective's latency for the whole bucket, at the
-    cost of a copy out per parameter (its columns are strided); allgather_cast gathers into
+    cost of a copy out per parameter (its columns are strided); cast_and_gather gathers into
     each parameter's own output instead (NCCL coalesces those into one group anyway)."""
     world, rank = _world_and_rank(group)
     if len(shards) == 0:
-        raise ValueError("allgather_cast_packed needs at least one shard")
+        raise ValueError("cast_and_gather_packed needs at least one shard")
     dtype = shards[0].dtype if dtype is None else dtype
     total = sum(s.numel() for s in shards)
     buf = shards[0].new_empty(world * total, dtype=dtype)
@@ -144,17 +144,17 @@ def allgather_cast_packed(shards: Sequence[torch.Tensor], dtype: Optional[torch.
     return buf
 
 
-def allgather_cast(shards: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]] = None,
+def cast_and_gather(shards: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]] = None,
                    dtype: Optional[torch.dtype] = None, group=None, async_op: bool = False):
-    """See the module docstring. Returns the list of outputs, or an AllGatherHandle."""
+    """See the module docstring. Returns the list of outputs, or an GatherHandle."""
     world, rank = _world_and_rank(group)
     outputs, dtype = _check_and_allocate(shards, outputs, dtype, world)
     device = shards[0].device
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"allgather_cast supports cpu and cuda tensors, not {device}")
+        raise ValueError(f"cast_and_gather supports cpu and cuda tensors, not {device}")
     with _device_guard(device):
         slots = [o.view(world, -1)[rank] for o in outputs]
         fill_slots(shards, slots, dtype)
         works = gather_slots(outputs, slots, group, device, async_op=async_op) if world > 1 else []
-    handle = AllGatherHandle(outputs, works=works)
+    handle = GatherHandle(outputs, works=works)
     return handle if async_op else handle.wait()

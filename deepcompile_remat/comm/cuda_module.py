@@ -3,7 +3,7 @@ private NCCL communicator the kernel benchmark compares with.
 
 usable(): the module is built, imports, and was compiled for a CUDA this torch and this driver
 run (same major version as torch.version.cuda; no newer than the driver supports). Otherwise
-the runtime warns once, saying which, and casts with torch (allgather_cast.fill_slots): a
+the runtime warns once, saying which, and casts with torch (cast_and_gather.fill_slots): a
 kernel built for another CUDA fails to launch, or worse, on a user's GPUs.
 
 Communicators (benchmarks/bench_allgather_cast.py only: the runtime gathers through the process
@@ -108,7 +108,7 @@ def require_cuda_module():
             why = f"{why}; import failed: {info['import_error']}".lstrip("; ")
         raise RuntimeError(
             "deepcompile_remat was built without its CUDA module (deepcompile_remat._cuda), "
-            f"so allgather_cast cannot run on CUDA tensors: {why}. Rebuild with nvcc and the "
+            f"so cast_and_gather cannot run on CUDA tensors: {why}. Rebuild with nvcc and the "
             "NCCL headers available (scripts/install_cuda_deps.sh).")
     return _cuda
 
