@@ -21,6 +21,7 @@ struct ResidualGraph {
   std::vector<int32_t> head;
   std::vector<int32_t> sister;
   std::vector<double> residual;
+  std::vector<int32_t> reverse_of_input;  // per input arc: its reverse residual arc, -1 on loops
 
   ResidualGraph(int64_t n, Span<int64_t> tails, Span<int64_t> heads, Span<double> caps)
       : num_nodes(static_cast<int32_t>(n)), first(n + 1, 0) {
@@ -36,10 +37,12 @@ struct ResidualGraph {
     sister.resize(num_arcs);
     residual.resize(num_arcs);
     std::vector<int32_t> next(first.begin(), first.end() - 1);
+    reverse_of_input.assign(tails.size, -1);
     for (size_t i = 0; i < tails.size; ++i) {
       const int64_t u = tails[i], v = heads[i];
       if (u == v) continue;
       const int32_t fwd = next[u]++, rev = next[v]++;
+      reverse_of_input[i] = rev;
       head[fwd] = static_cast<int32_t>(v);
       head[rev] = static_cast<int32_t>(u);
       sister[fwd] = rev;
@@ -438,6 +441,9 @@ MinCutResult MinStCut(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> head
   }
 
   result.source_side = g.ReachableFrom(s);
+  result.arc_flow.assign(tails.size, 0.0);
+  for (size_t i = 0; i < tails.size; ++i)
+    if (g.reverse_of_input[i] >= 0) result.arc_flow[i] = g.residual[g.reverse_of_input[i]];
   double finite_total = 0.0;
   for (size_t i = 0; i < tails.size; ++i) {
     if (!std::isinf(capacities[i])) finite_total += capacities[i];

@@ -60,6 +60,9 @@ struct MinCutResult {
   double flow_value = 0.0;          // value of the maximum flow found (== value up to rounding)
   std::vector<uint8_t> source_side; // size n; 1 iff reachable from s in the final residual graph
   std::vector<int64_t> cut_arcs;    // input arc indices from source side to sink side, ascending
+  // Flow on each input arc (0 on self-loops): with the capacities it gives the final residual
+  // graph, whose closures are exactly the minimum cuts (partition/budget_cut.h walks them).
+  std::vector<double> arc_flow;
 };
 
 // Thrown when s reaches t through arcs of +inf capacity only: no finite cut exists.

@@ -5,8 +5,10 @@
 
 #include "maxflow/max_flow.h"
 #include "maxflow/node_split.h"
+#include "partition/remat_network.h"
 
 namespace dcr {
+namespace remat_internal {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -17,6 +19,8 @@ bool Has(const JointGraphView& g, int64_t v, uint32_t flag) { return (g.flags[v]
 bool IsRecomputeTag(RecomputeTag t) {
   return t == RecomputeTag::kMustRecompute || t == RecomputeTag::kPreferRecompute;
 }
+
+}  // namespace
 
 // --- ClassifyRegions ---------------------------------------------------------------------------
 std::vector<uint8_t> ClassifyRegions(const JointGraphView& g, const Adjacency& adj) {
@@ -92,27 +96,6 @@ std::vector<RecomputeTag> ApplyCheckpointTags(const JointGraphView& g, const Adj
 }
 
 // --- BuildRematNetwork ---------------------------------------------------------------------------
-// Why an arc is +inf (or what it costs); reported on conflicts.
-enum class ArcWhy : uint8_t {
-  kSaveCost,
-  kData,
-  kCannotSaveView,
-  kCannotSaveNonTensor,
-  kCannotSaveSymFloat,
-  kCannotSaveTagged,
-  kCannotSaveParameterAlias,
-  kBanPrimal,
-  kBanSeed,
-  kBanMustSave,
-  kBanRandom,
-  kBanNotReplayable,
-  kBanComputeIntensive,
-  kBanNotFusible,
-  kBanCollective,
-  kSinkTangentClosure,
-  kSinkBackwardOutput,
-};
-
 const char* Describe(ArcWhy why) {
   switch (why) {
     case ArcWhy::kSaveCost: return "saving it has a finite cost";
@@ -136,28 +119,17 @@ const char* Describe(ArcWhy why) {
     case ArcWhy::kBanCollective: return "cannot be recomputed: a collective on a non-parameter";
     case ArcWhy::kSinkTangentClosure: return "must be computed in backward: depends on a tangent";
     case ArcWhy::kSinkBackwardOutput: return "must be available in backward: a gradient needs it";
+    case ArcWhy::kRecomputePrice: return "recomputing it has a price (memory-budget sweep)";
   }
   return "?";
 }
 
-struct RematNetwork {
-  int64_t num_graph_nodes = 0;
-  int64_t num_nodes = 0, source = 0, sink = 0;
-  std::vector<int64_t> tails, heads;
-  std::vector<double> capacities;
-  std::vector<ArcWhy> why;
-  std::vector<double> node_cost;  // cost of node v's arc (arc index v)
-  double request_penalty = 0.0;   // P, added to the cost of each PREFER_RECOMPUTE node
-
-  void Add(int64_t u, int64_t v, double c, ArcWhy w) {
-    tails.push_back(u);
-    heads.push_back(v);
-    capacities.push_back(c);
-    why.push_back(w);
-  }
-};
+bool IsCostOnlyBan(ArcWhy why) {
+  return why == ArcWhy::kBanComputeIntensive || why == ArcWhy::kBanNotFusible;
+}
 
 // Returns the reason v may not be recomputed, or false.
+namespace {
 bool BanReason(const JointGraphView& g, int64_t v, RecomputeTag tag, RematPolicy policy,
                int64_t alias_of, ArcWhy* why) {
   const OpClass c = ClassOf(g, v);
@@ -194,10 +166,12 @@ double RequestPenalty(const std::vector<double>& costs) {
   return p;
 }
 
+}  // namespace
+
 RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
                                const std::vector<RecomputeTag>& tags,
                                const std::vector<int64_t>& alias_of, RematPolicy policy,
-                               std::vector<uint8_t>& info) {
+                               const NetworkCosts& costs, std::vector<uint8_t>& info) {
   const int64_t n = g.num_nodes;
   RematNetwork net;
   net.num_graph_nodes = n;
@@ -205,6 +179,7 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
   net.source = 2 * n;
   net.sink = 2 * n + 1;
   net.node_cost.assign(n, 0.0);
+  net.priced_arc.assign(n, -1);
   // materialized[v]: v's buffer is written to memory in the forward anyway, because some
   // consumer is not fusible; views and getitems alias their input, so look through them.
   std::vector<uint8_t> materialized(n, 0);
@@ -241,11 +216,11 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
     } else if (Has(g, v, kSymInt)) {
       cost = g.bytes[v];
     } else {
-      cost = (materialized[v] ? 1.0 : 2.0) * g.bytes[v];
+      cost = (materialized[v] || costs.bytes_only ? 1.0 : 2.0) * g.bytes[v];
     }
     net.node_cost[v] = cost;
   }
-  net.request_penalty = RequestPenalty(net.node_cost);
+  net.request_penalty = costs.bytes_only ? 0.0 : RequestPenalty(net.node_cost);
   for (int64_t v = 0; v < n; ++v) {
     if (tags[v] == RecomputeTag::kPreferRecompute && alias_of[v] < 0) {
       info[v] |= kRecomputeRequested;
@@ -261,8 +236,13 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
     if (info[v] & kRequiredBackward) net.Add(SplitOut(v), net.sink, kInf, ArcWhy::kSinkBackwardOutput);
     ArcWhy why;
     if ((info[v] & kRequiredForward) && BanReason(g, v, tags[v], policy, alias_of[v], &why)) {
-      info[v] |= kBanned;
-      net.Add(net.source, SplitIn(v), kInf, why);
+      if (costs.price_cost_bans && IsCostOnlyBan(why)) {
+        net.priced_arc[v] = static_cast<int64_t>(net.tails.size());
+        net.Add(net.source, SplitIn(v), 0.0, ArcWhy::kRecomputePrice);
+      } else {
+        info[v] |= kBanned;
+        net.Add(net.source, SplitIn(v), kInf, why);
+      }
     }
     adj.ForEachUser(v, [&](int64_t u) { net.Add(SplitOut(v), SplitIn(u), kInf, ArcWhy::kData); });
   }
@@ -340,9 +320,10 @@ std::vector<int64_t> UsedCutNodes(const RematNetwork& net, const MinCutResult& c
   return used;
 }
 
-}  // namespace
+}  // namespace remat_internal
 
 PartitionResult PartitionJointGraph(const JointGraphView& g, const PartitionOptions& options) {
+  using namespace remat_internal;
   g.Validate();
   const Adjacency adj(g);
   PartitionResult result;
@@ -351,7 +332,8 @@ PartitionResult PartitionJointGraph(const JointGraphView& g, const PartitionOpti
                                             ? MarkParameterAliases(g, adj)
                                             : std::vector<int64_t>(g.num_nodes, -1);
   const std::vector<RecomputeTag> tags = ApplyCheckpointTags(g, adj, alias_of);
-  RematNetwork net = BuildRematNetwork(g, adj, tags, alias_of, options.policy, result.node_info);
+  RematNetwork net =
+      BuildRematNetwork(g, adj, tags, alias_of, options.policy, NetworkCosts{}, result.node_info);
   if (g.num_nodes == 0) return result;
   MinCutResult cut;
   try {
