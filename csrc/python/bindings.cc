@@ -14,6 +14,7 @@ namespace dcr::python {
 void BindPartition(py::module_& m);  // partition_bindings.cc
 void BindKernels(py::module_& m);    // kernel_bindings.cc
 void BindSchedule(py::module_& m);   // schedule_bindings.cc
+void BindBudget(py::module_& m);     // budget_bindings.cc
 }  // namespace dcr::python
 
 PYBIND11_MODULE(_C, m) {
@@ -81,4 +82,5 @@ PYBIND11_MODULE(_C, m) {
   dcr::python::BindPartition(m);
   dcr::python::BindKernels(m);
   dcr::python::BindSchedule(m);
+  dcr::python::BindBudget(m);
 }

@@ -1,0 +1,274 @@
+"""Memory-budget mode: the least recompute cost whose saved bytes fit a budget.
+
+The C++ side (csrc/partition/budget_cut.h) sweeps a parametric min-cut over the default cut's
+network and returns every vertex of the lower convex hull of (saved bytes, recompute cost);
+a budget then picks a point on that hull. This module feeds it the arrays fx_export builds
+plus a per-node recompute cost (a flops estimate, recompute_cost_of), and maps node ids back
+to FX nodes.
+
+    graph = fx_export.export_joint_graph(joint, num_fwd_outputs=k, ...)
+    sweep = BudgetSweep(graph, policy="conservative")
+    decision = sweep.choose(resolve_budget(0.5, sweep.default_saved_bytes()))
+
+Not wired into partitioner.py / RematConfig yet: budget_partition_fn is a standalone
+AOTAutograd partition function for trying it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from deepcompile_remat import _C
+from deepcompile_remat.partition import extract, fx_export
+
+aten = torch.ops.aten
+BudgetInfeasibleError = _C.BudgetInfeasibleError
+_POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPolicy.aggressive}
+
+
+# --- recompute cost --------------------------------------------------------------------------
+
+def _numel(val) -> int:
+    if isinstance(val, torch.Tensor):
+        n = val.numel()
+        return int(n) if isinstance(n, int) else int(_hint(n))
+    if isinstance(val, (list, tuple)):
+        return sum(_numel(v) for v in val)
+    return 0
+
+
+def _hint(x) -> int:
+    from torch.fx.experimental import symbolic_shapes as ss
+
+    hint = getattr(ss, "optimization_hint", None) or ss.hint_int
+    return int(hint(x, fallback=8192))
+
+
+def _dim(t: torch.Tensor, i: int) -> int:
+    s = t.shape[i]
+    return s if isinstance(s, int) else _hint(s)
+
+
+def _val(x):
+    return x.meta.get("val") if isinstance(x, fx.Node) else None
+
+
+def _matmul_flops(target, node: fx.Node) -> Optional[int]:
+    out = _val(node)
+    if not isinstance(out, torch.Tensor):
+        return None
+    args = [_val(a) for a in node.args]
+    if target in (aten.mm.default, aten.bmm.default):
+        a = args[0]
+        return 2 * _numel(out) * _dim(a, -1) if isinstance(a, torch.Tensor) else None
+    if target in (aten.addmm.default, aten.baddbmm.default):
+        a = args[1]
+        return 2 * _numel(out) * _dim(a, -1) + _numel(out) if isinstance(a, torch.Tensor) else None
+    if target is aten.convolution.default:
+        x, w, transposed = args[0], args[1], node.args[6]
+        if not isinstance(w, torch.Tensor):
+            return None
+        per_out = _numel(w) // max(_dim(w, 0), 1)  # C_in / groups * prod(kernel)
+        if transposed and isinstance(x, torch.Tensor):
+            return 2 * _numel(x) * per_out
+        return 2 * _numel(out) * per_out
+    return None
+
+
+def _attention_flops(node: fx.Node) -> Optional[int]:
+    name = str(node.target)
+    if "scaled_dot_product" not in name and "flash_attention" not in name and (
+            "efficient_attention" not in name):
+        return None
+    q, k = _val(node.args[0]), _val(node.args[1])
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.dim() < 2:
+        return None
+    # Q K^T and P V: 2 * 2 * (batch dims) * L * S * D.
+    return 4 * _numel(q) * _dim(k, -2)
+
+
+def recompute_cost_of(node: fx.Node) -> float:
+    """What recomputing `node` costs, in flops: 2*m*n*k for mm/bmm/addmm/baddbmm, the usual
+    count for convolutions and attention, and, for any other op, its output element count (a
+    memory-bound op touches each element about once). Placeholders cost 0. Integers, so the
+    C++ sweep's arithmetic stays exact (budget_cut.h, "Exactness")."""
+    if node.op != "call_function":
+        return 0.0
+    flops = _matmul_flops(node.target, node)
+    if flops is None:
+        flops = _attention_flops(node)
+    if flops is None:
+        flops = _numel(_val(node))
+    return float(flops)
+
+
+def recompute_costs(graph: fx_export.ExportedJointGraph) -> np.ndarray:
+    """recompute_cost_of per exported node (float64[n]); the C++ side reads it only for the
+    nodes the policy bans from recomputation for cost reasons."""
+    return np.asarray([recompute_cost_of(n) for n in graph.nodes], dtype=np.float64)
+
+
+# --- the sweep ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BudgetPoint:
+    """One legal cut: what it saves and what the backward then recomputes."""
+    saved_bytes: float
+    recompute_cost: float
+    saved: tuple[str, ...]       # FX node names, graph order
+    recomputed: tuple[str, ...]  # FX node names, graph order
+    saved_ids: np.ndarray
+    recomputed_ids: np.ndarray
+
+
+@dataclass(frozen=True)
+class BudgetDecision:
+    """The point chosen for a budget, and how far from optimal it can be: no cut within the
+    budget costs less than hull_cost_at_budget."""
+    point: BudgetPoint
+    budget_bytes: float
+    vertex: int                # hull vertex index, -1 when the point lies inside an edge
+    edge: int                  # hull edge walked, -1 at a vertex
+    hull_cost_at_budget: float
+    optimality_gap: float      # point.recompute_cost - hull_cost_at_budget >= 0
+
+
+class BudgetSweep:
+    """The parametric min-cut of one exported joint graph (C++ BudgetSolver), with FX names.
+
+    recompute_cost defaults to recompute_costs(graph)."""
+
+    def __init__(self, graph: fx_export.ExportedJointGraph, *, policy: str = "conservative",
+                 mark_parameter_aliases: bool = True,
+                 recompute_cost: Optional[np.ndarray] = None):
+        self.graph = graph
+        self.policy = policy
+        self.mark_parameter_aliases = mark_parameter_aliases
+        cost = recompute_costs(graph) if recompute_cost is None else recompute_cost
+        self.recompute_cost = np.ascontiguousarray(cost, dtype=np.float64)
+        self._solver = _C.BudgetSolver(*graph.arrays(), self.recompute_cost, _POLICY[policy],
+                                       mark_parameter_aliases)
+
+    def _point(self, raw) -> BudgetPoint:
+        nbytes, cost, saved, recomputed = raw
+        names = lambda ids: tuple(self.graph.nodes[i].name for i in ids)  # noqa: E731
+        return BudgetPoint(float(nbytes), float(cost), names(saved), names(recomputed),
+                           saved, recomputed)
+
+    def hull(self) -> list[BudgetPoint]:
+        """Every vertex of the lower convex hull, saved bytes ascending (cost descending)."""
+        vertices, _ = self._solver.hull()
+        return [self._point(v) for v in vertices]
+
+    def edge_lambdas(self) -> np.ndarray:
+        """Slope of each hull edge: bytes saved per unit of recompute cost."""
+        return self._solver.hull()[1]
+
+    def choose(self, budget_bytes: float) -> BudgetDecision:
+        """The least-cost cut whose saved bytes fit budget_bytes (budget_cut.h, "Choice").
+        Raises BudgetInfeasibleError (a ValueError; .min_bytes) below the smallest feasible."""
+        point, vertex, edge, hull_cost, gap = self._solver.choose(float(budget_bytes))
+        return BudgetDecision(self._point(point), float(budget_bytes), vertex, edge, hull_cost,
+                              gap)
+
+    def solve_at(self, lambda_: float) -> tuple[BudgetPoint, np.ndarray]:
+        """Source-minimal min cut of bytes + lambda * cost, and its forward side per node."""
+        point, side = self._solver.solve_at(float(lambda_))
+        return self._point(point), side
+
+    @property
+    def save_bytes(self) -> np.ndarray:
+        """Per node: bytes saving it costs (inf: it may not be saved)."""
+        return self._solver.save_bytes
+
+    @property
+    def node_info(self) -> np.ndarray:
+        """Per node: dcr::NodeInfoBit flags (parameter aliases, tangent closure, ...)."""
+        return self._solver.node_info
+
+    @property
+    def one_forward_cost(self) -> float:
+        """Recompute cost of one whole forward (sum over the priced nodes)."""
+        return self._solver.one_forward_cost
+
+    def default_saved_bytes(self) -> float:
+        """Saved bytes (1x, static inputs free) of the default cut under the same policy: what
+        a fractional budget is a fraction of."""
+        saved, _, _ = _C.partition_joint_graph(*self.graph.arrays(), _POLICY[self.policy],
+                                               self.mark_parameter_aliases)
+        return float(sum(self.save_bytes[i] for i in saved))
+
+
+def resolve_budget(memory_budget: Union[int, float], default_saved_bytes: float) -> float:
+    """Budget in bytes: a float in (0, 1] is a fraction of what the default cut saves; an int
+    (or a float above 1) is bytes per graph."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)):
+        raise TypeError(f"memory_budget must be a number, got {type(memory_budget).__name__}")
+    if not math.isfinite(memory_budget) or memory_budget <= 0:
+        raise ValueError(f"memory_budget must be positive and finite, got {memory_budget}")
+    if isinstance(memory_budget, float) and memory_budget <= 1.0:
+        return math.floor(memory_budget * default_saved_bytes)
+    return float(memory_budget)
+
+
+# --- tracing helpers ---------------------------------------------------------------------------
+
+def trace_joint_graph(fn: Callable, args: Sequence[torch.Tensor], *,
+                      parameter_indices: Sequence[int] = ()) -> fx_export.ExportedJointGraph:
+    """AOTAutograd's joint graph of fn(*args), exported (fx_export) with `parameter_indices`
+    as the static-lifetime parameters. Runs fn once through aot_function; the captured joint
+    is DCE'd and CSE'd as the partitioner would."""
+    from functorch.compile import aot_function, default_partition, make_boxed_func
+
+    captured = {}
+
+    def capture(joint, joint_inputs, *, num_fwd_outputs, **kw):
+        from torch._functorch.compile_utils import fx_graph_cse
+
+        joint.graph.eliminate_dead_code()
+        joint.graph = fx_graph_cse(joint.graph)
+        joint.recompile()
+        captured["graph"] = fx_export.export_joint_graph(
+            joint, num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=parameter_indices, parameter_indices=parameter_indices)
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
+
+    nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
+    aot_function(fn, fw_compiler=nop, bw_compiler=nop, partition_fn=capture)(*args)
+    return captured["graph"]
+
+
+def budget_partition_fn(memory_budget: Union[int, float], *, policy: str = "conservative",
+                        parameter_indices: Sequence[int] = (),
+                        decisions: Optional[list] = None) -> Callable[..., Any]:
+    """An AOTAutograd partition function that cuts at the budget's decision (for trying the
+    mode; the partitioner proper is not wired to it yet). Appends each BudgetDecision to
+    `decisions` when given."""
+    from deepcompile_remat.config import RematConfig
+    from deepcompile_remat.partition.partitioner import _prepare_joint_graph
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, **_unused):
+        _prepare_joint_graph(joint, RematConfig(policy=policy), ())
+        graph = fx_export.export_joint_graph(
+            joint, num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=parameter_indices, parameter_indices=parameter_indices)
+        sweep = BudgetSweep(graph, policy=policy)
+        decision = sweep.choose(resolve_budget(memory_budget, sweep.default_saved_bytes()))
+        if decisions is not None:
+            decisions.append(decision)
+        saved = [graph.nodes[i] for i in decision.point.saved_ids]
+        sym = [n for n in saved if extract.is_sym_node(n)]
+        opaque = [n for n in saved if extract.is_opaque_node(n)]
+        tensors = [n for n in saved if n not in sym and n not in opaque]
+        primals = [n for n in joint.graph.nodes if fx_export.is_primal(n)]
+        static = {p for i, p in enumerate(primals) if i in set(parameter_indices)}
+        return extract.extract_fwd_bwd_modules(
+            joint, tensors, sym, opaque, num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_nodes=static)
+
+    return partition
