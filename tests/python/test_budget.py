@@ -102,3 +102,19 @@ def test_numerics_equal_eager(fraction):
     assert decisions and decisions[0].point.saved_bytes <= decisions[0].budget_bytes
     for a, r in zip(args, ref):
         torch.testing.assert_close(a.grad, r.grad, rtol=0, atol=0)
+
+
+def test_chain_budget_reaches_sqrt_n_peak():
+    """Seed 004 on a 16-layer chain: a budget point within one extra forward brings the
+    backward's peak from ~n to ~2 sqrt(n) activations (benchmarks/budget_chain.py)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "budget_chain.py"
+    spec = importlib.util.spec_from_file_location("budget_chain", path)
+    chain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chain)
+    row = chain.study(16)
+    assert row["default_peak"] >= 16 and row["best_cost"] <= 1.0
+    assert row["best_peak"] <= 2 * math.sqrt(16) + 4
+    assert row["best_saved"] == 5  # the input and 4 evenly spaced checkpoints
