@@ -24,6 +24,8 @@
 //                            v_in -> sink (+inf)   tangent closure (computed in backward only)
 //                            v_out -> sink (+inf)  other values the backward outputs need
 //                            u_out -> v_in (+inf)  data edges
+//   (the phases above are declared in remat_network.h, which the memory-budget sweep,
+//   budget_cut.h, builds on: same constraints, 1x bytes, cost-only bans priced)
 //   Solve                  exact minimum cut (maxflow/max_flow.h); the cut node arcs are the
 //                          saved values. An unbounded cut means constraints that cannot all
 //                          hold: PartitionConflictError names the chain of nodes and, for each,
