@@ -101,7 +101,7 @@ def test_profile_rejects_a_run_without_ranks():
     ("compare", ["--seq", "-1"], "--seq"),
 ])
 def test_model_flags_are_checked_before_anything_runs(command, flags, flag):
-    """Both measuring commands share the model flags (profile/workload.py) and their checks."""
+    """Both measuring commands share the model flags (harness/workload.py) and their checks."""
     with pytest.raises(SystemExit, match=f"deepcompile-remat {command}: {flag}"):
         cli.main([command, *flags])
 
@@ -122,7 +122,7 @@ def test_a_config_json_is_the_model_it_describes(tmp_path, command):
     import math
 
     from deepcompile_remat.bench import deepspeed_bench
-    from deepcompile_remat.profile.workload import workload_from_args
+    from deepcompile_remat.harness.workload import workload_from_args
 
     path = _gpt2_config_json(tmp_path)
     args = cli.build_parser().parse_args([command, "--model", path, "--seq", "8"])
@@ -137,7 +137,7 @@ def test_a_config_json_is_the_model_it_describes(tmp_path, command):
 
 
 def test_a_config_json_and_a_flag_that_disagrees(tmp_path):
-    from deepcompile_remat.profile.workload import Workload, workload_from_args
+    from deepcompile_remat.harness.workload import Workload, workload_from_args
 
     path = _gpt2_config_json(tmp_path)
     parse = cli.build_parser().parse_args
@@ -159,7 +159,7 @@ def test_a_config_json_and_a_flag_that_disagrees(tmp_path):
 ])
 def test_a_bad_config_path_is_an_error_naming_the_file(tmp_path, content, says):
     """Before any rank process starts: the error names the file and what is wrong with it."""
-    from deepcompile_remat.bench import hf_models
+    from deepcompile_remat.harness import models
 
     path = tmp_path / "my-config.json"
     if content is not None:
@@ -168,7 +168,7 @@ def test_a_bad_config_path_is_an_error_naming_the_file(tmp_path, content, says):
                                          f".*{re.escape(says)}"):
         cli.main(["compare", "--model", str(path)])
     with pytest.raises(ValueError, match=f"my-config.json.*{re.escape(says)}"):
-        hf_models.build(str(path))
+        models.build_hf(str(path))
 
 
 def test_profile_transformers_preset_shows_progress_and_table_only(tmp_path):
