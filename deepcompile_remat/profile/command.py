@@ -21,8 +21,8 @@ import sys
 import time
 
 from deepcompile_remat.config import BACKEND_KINDS
-from deepcompile_remat.profile.setups import PRECISIONS, SETUPS
 from deepcompile_remat.harness.workload import add_model_arguments, workload_from_args
+from deepcompile_remat.profile.setups import PRECISIONS, SETUPS
 
 NAME = "profile"
 

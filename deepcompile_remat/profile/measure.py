@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from deepcompile_remat.harness import memory
+from deepcompile_remat.harness.workload import Workload
 from deepcompile_remat.profile.partitions import PartitionRecorder
 from deepcompile_remat.profile.setups import Cell
-from deepcompile_remat.harness.workload import Workload
 
 
 @dataclass(frozen=True)
