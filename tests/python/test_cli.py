@@ -61,7 +61,8 @@ def test_profile_two_ranks(tmp_path, capsys):
     # the ranks run the same graphs, so they measure the same peaks (the allocator counts
     # gloo's threads too: no drift between ranks) up to one tensor that gloo's worker thread
     # may release a moment later on one rank; ours keeps no gathered weight for the backward
-    # and, under autocast, moves half the bytes of marking's fp32 gathers.
+    # and, under autocast, moves half the bytes of marking's fp32 gathers; the baseline's
+    # gathers are bucketed like ours (unbucketed: torch's partition without them).
     out = tmp_path / "out"
     assert cli.main(["profile", "--backends", "eager", "--precisions", "autocast", "--layers", "1",
                      "--hidden", "64", "--heads", "2", "--seq", "8", "--vocab", "64",
@@ -70,10 +71,11 @@ def test_profile_two_ranks(tmp_path, capsys):
     assert "eager+autocast" in text and "Korthikanti" in text
     data = json.loads((out / "results.json").read_text())
     rows = data["rows"]
+    setups = ("unbucketed", "baseline", "marking", "ours")
     assert sorted((r["setup"], r["rank"]) for r in rows) == sorted(
-        (s, rank) for s in ("baseline", "marking", "ours") for rank in (0, 1))
+        (s, rank) for s in setups for rank in (0, 1))
     by = {(r["setup"], r["rank"]): r for r in rows}
-    for setup in ("baseline", "marking", "ours"):
+    for setup in setups:
         r0, r1 = by[setup, 0], by[setup, 1]
         assert r0["exact_counter"] and r0["peak_bytes"] > 0 and r0["predicted_peak_bytes"] > 0
         assert r0["peak_bytes"] >= r0["fw_peak_bytes"] and r0["timeline"]["t_ms"]
@@ -85,6 +87,11 @@ def test_profile_two_ranks(tmp_path, capsys):
         assert by["ours", rank]["saved_weight_bytes"] == 0
         ours, marking = by["ours", rank], by["marking", rank]
         assert 0 < ours["gathered_bytes"] < 0.75 * marking["gathered_bytes"]
+        # The baseline is torch's partition with ours' collective buckets: the same bytes in
+        # fewer gathers than without them.
+        base, unbucketed = by["baseline", rank], by["unbucketed", rank]
+        assert base["gathered_bytes"] == unbucketed["gathered_bytes"]
+        assert base["gather_calls"] < unbucketed["gather_calls"]
     assert (out / "results.csv").read_text().count("\n") == len(rows) + 1
     for png in ("memory_timeline.png", "peaks.png"):
         assert (out / png).stat().st_size > 0
