@@ -35,8 +35,10 @@ def run_ranks(fn, world: int = 2, *args, timeout_s: float = RANKS_TIMEOUT_S,
     hang in a collective)."""
     try:
         spawn_for_rows(_entry, world, world, free_port(), fn, args, backend, timeout_s=timeout_s)
-    except RanksTimedOut as e:
-        raise AssertionError(f"{e}: a hang (ranks waiting in mismatched collectives?)") from None
+    except RanksTimedOut:
+        raise AssertionError(
+            f"{fn.__name__} on {world} ranks did not finish in {timeout_s:.0f} s: a hang "
+            "(ranks waiting in mismatched collectives?)") from None
 
 
 def full_grads(model) -> dict:
