@@ -4,7 +4,7 @@ backend, time steps, then profile one step.
 Memory is read from profiled steps after the timed ones (``profiled_steps``, each rank keeps
 the one with the smallest peak; see run_cell). A step (what every figure refers to):
   forward   the compiled model under the cell's precision, then the loss (fp32 cross-entropy;
-            profile/workload.py: the built-in GPT or a transformers model)
+            harness/workload.py: the built-in GPT or a transformers model)
   backward  loss.backward(): the compiled backward, gradient shards reduce-scattered and
             accumulated into .grad
   release   .grad set to None (what zero_grad() does), so every step starts from the same state
