@@ -13,9 +13,11 @@ checkpointing (--checkpointing):
                   min-cut partitioner and backend
 Measured per rank: the peak live CPU bytes of one whole training step (engine(x),
 engine.backward, engine.step) above its start, and of its forward+backward alone (the
-optimizer step's fp32 temporaries, the same in every setup, can hide the difference), two
-ways: the CPU allocator's running total in the profiler (profile.memory.peak_over_profile)
-and sampled glibc malloc (MallocPeak: see why); the median step time after two warm-up steps
+optimizer step's fp32 temporaries, the same in every setup, can hide the difference), from the
+harness's one meter: the CPU allocator's running total in the profiler, counted in every
+thread (harness.memory.exact_cpu_counter, so gloo's worker threads' frees count too), which
+counts tensors, not Python objects or DeepSpeed's own malloc'd state; the median step time
+after two warm-up steps
 (the compile), wall clock and this process's CPU time (all its threads: steadier than the wall
 clock on a machine shared with other jobs). Every step's loss is kept: the largest difference
 from stock's shows the setups train alike.
@@ -27,68 +29,10 @@ import json
 import os
 import time
 
+from deepcompile_remat.config import BACKEND_KINDS
+
 NAME = "bench-deepspeed"
 SETUPS = ("stock", "stock-compiled", "ours")
-
-
-class MallocPeak:
-    """Peak bytes in use by glibc malloc (mallinfo2: uordblks + hblkhd, all arenas, so every
-    thread) above the value on entry, sampled by a thread every interval_s.
-
-    Beside peak_over_profile because that one over-counts here: torch's CPU allocator only
-    accounts a free made in a thread the profiler is enabled in, and gloo's worker threads drop
-    the last reference to collective buffers (measured: a 10 MB tensor freed in another thread
-    stays counted). Sampling can miss a spike shorter than interval_s; NaN without glibc >= 2.33.
-    """
-
-    def __init__(self, interval_s: float = 2e-4):
-        self.interval_s, self.peak = interval_s, float("nan")
-        self._mallinfo = _mallinfo2()
-
-    def _in_use(self) -> int:
-        m = self._mallinfo()
-        return m.uordblks + m.hblkhd
-
-    def __enter__(self):
-        import threading
-
-        if self._mallinfo is None:
-            return self
-        self._base = self._max = self._in_use()
-        self._stop = threading.Event()
-
-        def sample():
-            while not self._stop.is_set():
-                self._max = max(self._max, self._in_use())
-                time.sleep(self.interval_s)
-
-        self._thread = threading.Thread(target=sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self._mallinfo is None:
-            return False
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self._max, self._in_use()) - self._base
-        return False
-
-
-def _mallinfo2():
-    import ctypes
-
-    class Mallinfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-            "fordblks", "keepcost")]
-
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = Mallinfo2
-    return fn
 
 
 SIZES = {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 512, "seq": 128, "batch": 1}
@@ -96,7 +40,7 @@ SIZES = {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 512, "seq": 128, "ba
 
 def _workload(a: argparse.Namespace):
     """The Workload run() resolved from the model flags (a config.json's own sizes included)."""
-    from deepcompile_remat.profile.workload import Workload
+    from deepcompile_remat.harness.workload import Workload
 
     return Workload(**a.workload)
 
@@ -119,14 +63,16 @@ def ds_config(setup: str, a: argparse.Namespace) -> dict:
 def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
     os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    from deepcompile_remat.harness import memory
+
+    exact = memory.exact_cpu_counter()  # before anything is allocated
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity
 
-    from deepcompile_remat.bench import hf_models
-    from deepcompile_remat.profile.memory import peak_over_profile, profiled
-    from deepcompile_remat.profile.workload import blocks
     from deepcompile_remat.deepspeed import initialize
+    from deepcompile_remat.harness.models import hf_checkpointing_on
+    from deepcompile_remat.harness.workload import blocks
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -139,7 +85,7 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
         model = workload.build("autocast")  # fp32 weights: DeepSpeed's bf16 mode casts them
         built = {"model": type(model).__name__, "layers": len(blocks(model)),
                  "parameters": sum(p.numel() for p in model.parameters()),
-                 "checkpointing": workload.is_hf and hf_models.checkpointing_on(model)}
+                 "checkpointing": workload.is_hf and hf_checkpointing_on(model)}
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         engine, *_ = initialize(model=model, optimizer=opt, config=ds_config(setup, a))
         if setup == "stock-compiled":
@@ -168,23 +114,17 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
             times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
         dist.barrier()
-        with profiled(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        cpu = [ProfilerActivity.CPU]
+        with memory.profiled(activities=cpu, profile_memory=True) as prof:
             step()
         dist.barrier()
-        with profiled(activities=[ProfilerActivity.CPU], profile_memory=True) as fwd_bwd_prof:
+        with memory.profiled(activities=cpu, profile_memory=True) as fwd_bwd_prof:
             loss = forward_backward()
         engine.step()
-        dist.barrier()
-        with MallocPeak() as malloc_step:
-            step()
-        dist.barrier()
-        with MallocPeak() as malloc_fwd_bwd:
-            forward_backward()
-        engine.step()
-        rows.append({"setup": setup, "rank": rank, "peak_mb": peak_over_profile(prof) / 2**20,
-                     "fwd_bwd_peak_mb": peak_over_profile(fwd_bwd_prof) / 2**20,
-                     "malloc_peak_mb": malloc_step.peak / 2**20,
-                     "malloc_fwd_bwd_peak_mb": malloc_fwd_bwd.peak / 2**20,
+        rows.append({"setup": setup, "rank": rank,
+                     "peak_mb": memory.peak_over_profile(prof) / 2**20,
+                     "fwd_bwd_peak_mb": memory.peak_over_profile(fwd_bwd_prof) / 2**20,
+                     "exact_counter": exact,
                      "step_ms": 1e3 * sorted(times)[len(times) // 2],
                      "cpu_ms": 1e3 * sorted(cpu_times)[len(cpu_times) // 2], "loss": loss,
                      "losses": losses,
@@ -198,14 +138,14 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
-    from deepcompile_remat.profile.workload import add_model_arguments
+    from deepcompile_remat.harness.workload import add_model_arguments
 
     add_model_arguments(parser, SIZES)
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per setup (median)")
     parser.add_argument("--precision", choices=("bf16", "autocast"), default="bf16",
                         help='"bf16": {"enabled": true}, or "torch_autocast" with bfloat16')
-    parser.add_argument("--backend", choices=("inductor", "eager"), default="inductor",
+    parser.add_argument("--backend", choices=BACKEND_KINDS, default="inductor",
                         help="the block's backend (setup ours)")
     parser.add_argument("--setups", nargs="+", choices=SETUPS, default=["stock", "ours"])
     parser.add_argument("--release-params", action="store_true",
@@ -217,8 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Peak memory and step time per rank: stock DeepSpeed ZeRO-3 vs the flag on (CPU, gloo)."""
-    from deepcompile_remat.bench.ports import free_port
-    from deepcompile_remat.bench.ranks import spawn_for_rows
+    from deepcompile_remat.harness.ranks import free_port, spawn_for_rows
 
     try:
         import deepspeed  # noqa: F401
@@ -227,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import dataclasses
 
-    from deepcompile_remat.profile.workload import workload_from_args
+    from deepcompile_remat.harness.workload import workload_from_args
 
     w = workload_from_args(args, NAME, SIZES)
     args_dict = {k: v for k, v in vars(args).items() if k not in ("run", "command")}
@@ -242,20 +181,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"{model} {w.layers} layers, hidden {w.hidden}{ckpt}, batch {w.batch}x{w.seq}, "
           f"{args.world} CPU ranks (gloo), DeepSpeed ZeRO-3 ({knobs}), {args.precision}, ours "
           f"with {args.backend}; per rank, whole training steps:")
-    print("peak MB above the step's start: whole step and forward+backward alone, from the "
-          "profiler's CPU allocator total (alloc; over-counts frees made in gloo's threads) and "
-          "from sampled glibc malloc (malloc)")
-    print(f"{'setup':<15} {'rank':>4} {'alloc step':>11} {'alloc f+b':>10} {'malloc step':>12} "
-          f"{'malloc f+b':>11} {'step ms':>9} {'cpu ms':>8} {'last loss':>10} "
-          f"{'loss diff':>9}")
+    print("peak MB above the step's start, whole step and forward+backward alone: the CPU "
+          "allocator's total, counted in every thread")
+    print(f"{'setup':<15} {'rank':>4} {'peak step':>10} {'peak f+b':>9} {'step ms':>9} "
+          f"{'cpu ms':>8} {'last loss':>10} {'loss diff':>9}")
     stock = {r["rank"]: r for r in rows if r["setup"] == "stock"}
     for r in rows:
         ref = stock.get(r["rank"])
         diff = (max(abs(x - y) for x, y in zip(r["losses"], ref["losses"]))
                 if ref is not None else float("nan"))
-        print(f"{r['setup']:<15} {r['rank']:>4} {r['peak_mb']:>11.1f} "
-              f"{r['fwd_bwd_peak_mb']:>10.1f} "
-              f"{r['malloc_peak_mb']:>12.1f} {r['malloc_fwd_bwd_peak_mb']:>11.1f} "
-              f"{r['step_ms']:>9.1f} {r['cpu_ms']:>8.1f} {r['loss']:>10.4f} {diff:>9.1e}")
+        print(f"{r['setup']:<15} {r['rank']:>4} {r['peak_mb']:>10.1f} "
+              f"{r['fwd_bwd_peak_mb']:>9.1f} {r['step_ms']:>9.1f} {r['cpu_ms']:>8.1f} "
+              f"{r['loss']:>10.4f} {diff:>9.1e}")
     print("loss diff: the largest |loss - stock's loss| over every step (same data, same seed)")
+    if not all(r["exact_counter"] for r in rows):
+        print("WARNING: c10's report_cpu_memory_usage flag could not be set: the peaks count only "
+              "the profiled threads and may be high by buffers gloo's threads released")
     return 0

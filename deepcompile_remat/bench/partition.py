@@ -48,7 +48,7 @@ def capture_joint_graph(layers: int, *, d_model: int, seq: int, autocast: bool) 
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
 
-    from deepcompile_remat.bench.models import GPT
+    from deepcompile_remat.harness.models import GPT
 
     model = GPT(vocab=256, d=d_model, layers=layers, heads=4, max_t=seq)
     captured = []

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 from deepcompile_remat.bench.joint_graphs import joint_graph_with_about
-from deepcompile_remat.bench.report import format_table
+from deepcompile_remat.bench.tables import format_table
 from deepcompile_remat.mincut import SplitNetwork, min_st_cut, split_network
 
 NAME = "bench-solver"

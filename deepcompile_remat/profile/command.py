@@ -20,8 +20,9 @@ import shlex
 import sys
 import time
 
-from deepcompile_remat.profile.setups import BACKENDS, PRECISIONS, SETUPS
-from deepcompile_remat.profile.workload import add_model_arguments, workload_from_args
+from deepcompile_remat.config import BACKEND_KINDS
+from deepcompile_remat.harness.workload import add_model_arguments, workload_from_args
+from deepcompile_remat.profile.setups import PRECISIONS, SETUPS
 
 NAME = "profile"
 
@@ -31,7 +32,7 @@ DEFAULTS = {"world": 2, "warmup": 1, "steps": 5, "profiled_steps": 2}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = DEFAULTS
     g = parser.add_argument_group("matrix")
-    g.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    g.add_argument("--backends", nargs="+", choices=BACKEND_KINDS, default=list(BACKEND_KINDS))
     g.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     g.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
     g = parser.add_argument_group("ranks")
@@ -77,8 +78,7 @@ def _validate(args) -> None:
 
 def _run_pass(nprocs: int, world: int, emulated: bool, device: str, cells, workload, opts,
               show_progress: bool) -> list:
-    from deepcompile_remat.bench.ports import free_port
-    from deepcompile_remat.bench.ranks import spawn_for_rows
+    from deepcompile_remat.harness.ranks import free_port, spawn_for_rows
     from deepcompile_remat.profile import measure
 
     return spawn_for_rows(measure.rank_main, nprocs, nprocs, world, emulated, free_port(),
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     """Peak memory and step time of ZeRO-3 training: backends x precisions x setups."""
     import torch
 
-    from deepcompile_remat.profile import measure, plots, report
+    from deepcompile_remat.profile import measure, plots, results
     from deepcompile_remat.profile.setups import matrix
 
     _validate(args)
@@ -132,13 +132,13 @@ def run(args: argparse.Namespace) -> int:
         "dist_backend": "nccl" if device == "cuda" else "gloo",
         "torch": torch.__version__, "machine": _machine(device),
         "warmup": args.warmup, "steps": args.steps, "profiled_steps": args.profiled_steps,
-        "step": report.STEP_DEFINITION,
+        "step": results.STEP_DEFINITION,
     }
     os.makedirs(args.out, exist_ok=True)
-    folded = report.fold(rows)
-    text = report.render(folded, meta) + f"\n\nwall time {wall:.0f} s on {meta['machine']}"
-    report.write_json(os.path.join(args.out, "results.json"), rows, meta)
-    report.write_csv(os.path.join(args.out, "results.csv"), rows)
+    folded = results.fold(rows)
+    text = results.render(folded, meta) + f"\n\nwall time {wall:.0f} s on {meta['machine']}"
+    results.write_json(os.path.join(args.out, "results.json"), rows, meta)
+    results.write_csv(os.path.join(args.out, "results.csv"), rows)
     with open(os.path.join(args.out, "table.txt"), "w") as f:
         f.write(text + "\n")
     made = [] if args.no_plots else plots.write_all(rows, folded, args.out,

@@ -37,7 +37,8 @@ import statistics
 import sys
 import time
 
-from deepcompile_remat.profile.workload import Workload, add_model_arguments, workload_from_args
+from deepcompile_remat.harness.workload import (Workload, add_model_arguments,
+                                                 workload_from_args)
 
 NAME = "compare"
 DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-inductor-layer-buckets", "ours-inductor-mp",
@@ -68,16 +69,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _step_figures(prof, device_type: str) -> dict:
     """At rest, step peak and forward+backward peak (absolute), and the collectives, from a
     profile of exactly one step."""
-    from deepcompile_remat.profile import memory
+    from deepcompile_remat.harness import memory
     from deepcompile_remat.profile.peers import FWD_BWD
 
-    tree = memory._event_tree(prof)
-    events = memory._allocation_events(tree, device_type)
+    tree = memory.event_tree(prof)
+    events = memory.allocation_events(tree, device_type)
     if not events:
         return {"at_rest_bytes": float("nan"), "step_peak_bytes": float("nan"),
                 "transient_bytes": float("nan"), "collectives": 0}
     at_rest = float(events[0][1] - events[0][2])
-    marks = memory._marks(tree, (FWD_BWD,))
+    marks = memory.step_marks(tree, (FWD_BWD,))
     start, end = marks.get(FWD_BWD, (events[0][0], events[-1][0]))
     fwd_bwd = [e[1] for e in events if start <= e[0] <= end] or [at_rest]
     collectives = sum(1 for n in tree.sorted_nodes if n.name.startswith("c10d::")
@@ -97,7 +98,7 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
     say = (_progress(f"[{peer} {precision}] ") if opts["progress"] and rank == 0
            else (lambda msg: None))
     log = _log_to_file(os.path.join(opts["log_dir"], f"{peer}-{precision}.rank{rank}.log"))
-    from deepcompile_remat.profile import memory
+    from deepcompile_remat.harness import memory
 
     exact = memory.exact_cpu_counter() if device_type == "cpu" else True  # before allocating
     import torch
@@ -254,7 +255,7 @@ def _mark_losses(folded: list) -> None:
 
 
 def render(folded: list, meta: dict) -> str:
-    from deepcompile_remat.profile.report import unit_of
+    from deepcompile_remat.profile.results import unit_of
 
     scale, unit = unit_of([e["step_peak_bytes"] for e in folded])
     name = max([len("system")] + [len(e["peer"]) for e in folded])
@@ -296,7 +297,7 @@ def plot(folded: list, path: str, title: str):
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    from deepcompile_remat.profile.report import unit_of
+    from deepcompile_remat.profile.results import unit_of
 
     precisions = list(dict.fromkeys(e["precision"] for e in folded))
     scale, unit = unit_of([e["step_peak_bytes"] for e in folded])
@@ -327,8 +328,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from deepcompile_remat.bench.ports import free_port
-    from deepcompile_remat.bench.ranks import spawn_for_rows
+    from deepcompile_remat.harness.ranks import free_port, spawn_for_rows
 
     if args.world < 1 or args.steps < 1 or args.warmup < 0:
         raise SystemExit("deepcompile-remat compare: --world and --steps >= 1, --warmup >= 0")

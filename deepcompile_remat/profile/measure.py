@@ -4,7 +4,7 @@ backend, time steps, then profile one step.
 Memory is read from profiled steps after the timed ones (``profiled_steps``, each rank keeps
 the one with the smallest peak; see run_cell). A step (what every figure refers to):
   forward   the compiled model under the cell's precision, then the loss (fp32 cross-entropy;
-            profile/workload.py: the built-in GPT or a transformers model)
+            harness/workload.py: the built-in GPT or a transformers model)
   backward  loss.backward(): the compiled backward, gradient shards reduce-scattered and
             accumulated into .grad
   release   .grad set to None (what zero_grad() does), so every step starts from the same state
@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from deepcompile_remat.profile import memory
+from deepcompile_remat.harness import memory
+from deepcompile_remat.harness.workload import Workload
 from deepcompile_remat.profile.partitions import PartitionRecorder
 from deepcompile_remat.profile.setups import Cell
-from deepcompile_remat.profile.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class Progress:
 
 def rank_main(rank: int, nprocs: int, world: int, emulated: bool, port: int, device_kind: str,
               cells: list, workload: Workload, opts: RunOptions, show_progress: bool) -> list:
-    """Entry point of one rank process (bench.ranks.spawn_for_rows): every cell, its rows."""
+    """Entry point of one rank process (harness.ranks.spawn_for_rows): every cell, its rows."""
     import torch
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from deepcompile_remat.profile import report
+from deepcompile_remat.profile import results
 from deepcompile_remat.profile.setups import SETUPS
 
-COLORS = {"baseline": "#d62728", "marking": "#1f77b4", "ours": "#2ca02c"}
+COLORS = {"unbucketed": "#7f7f7f", "baseline": "#d62728", "marking": "#1f77b4",
+          "ours": "#2ca02c"}
 
 
 def _plt():
@@ -49,7 +50,7 @@ def timelines(rows: list, path: str, title: str = "", rank: int = 0) -> Optional
     nrows = (n + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(7 * cols, 3.6 * nrows), squeeze=False)
     several = len({k[:2] for k in panels}) > 1
-    scale, unit = report.unit_of(b for p in panels.values() for r in p.values()
+    scale, unit = results.unit_of(b for p in panels.values() for r in p.values()
                                  for b in r["timeline"]["bytes"])
     for ax, (key, by_setup) in zip(axes.flat, panels.items()):
         for setup in SETUPS:
@@ -78,10 +79,10 @@ def peaks(folded: dict, path: str, title: str = "") -> Optional[str]:
     plt = _plt()
     import numpy as np
 
-    groups = report.config_groups(folded)
+    groups = results.config_groups(folded)
     several = len({g[:2] for g in groups}) > 1
     biggest = max(c["peak_bytes"] for c in folded.values())
-    scale, unit = report.unit_of([biggest])
+    scale, unit = results.unit_of([biggest])
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4))
     width = 0.8 / len(SETUPS)
     x = np.arange(len(groups))

@@ -1,60 +1,97 @@
 """The experiment matrix: backend x precision x setup, each setup a RematConfig.
 
+Every setup but `unbucketed` issues its collectives the same way, so that a column measures
+what it names and not bucketing: gathers that land at one point, and small ones, share a
+collective, and small gradients share reduce-scatters, by RematConfig.bucket_bytes (the
+runtime's own passes: zero3/schedule.py, zero3/grad_buckets.py).
+
 setups
-  baseline  torch's partitioner (min_cut_rematerialization_partition; stock inductor), nothing
-            of ours: gathered weights look like activations and are saved for the backward
-  marking   our min-cut with the ZeRO-3 marking: gathered, viewed and cast weights are never
-            saved, the backward re-gathers them; fp32 gather then cast, no schedule (the setup
-            of DeepSpeed PR #7609)
-  ours      marking + cast-before-gather (half the bytes on the wire, no fp32 full weight) +
-            the scheduled re-gather (each just before its first use, prefetch within budget)
+  unbucketed  torch's partitioner (min_cut_rematerialization_partition; stock inductor) and
+              nothing of ours: one gather and one reduce-scatter per parameter. Only there to
+              show what the buckets alone are worth (unbucketed vs baseline)
+  baseline    torch's partitioner, with the runtime's collective buckets on its forward and
+              backward graphs: gathered weights look like activations and are saved for the
+              backward
+  marking     our min-cut with the ZeRO-3 marking (the setup of DeepSpeed PR #7609): gathered,
+              viewed and cast weights are never saved, the backward re-gathers them; fp32
+              gather then cast; the same buckets, no prefetch
+  ours        marking + cast-before-gather (half the bytes on the wire, no fp32 full weight) +
+              prefetch (each re-gather issued up to max_prefetch ops before its first use,
+              within the memory budget); RematConfig's defaults
+The buckets come with the re-gather schedule: baseline and marking run it at prefetch
+distance 0, which keeps each gather just before its first use, where the traced forward and
+the backward's extraction (torch's reordering_to_mimic_autograd_engine) already place it.
 precisions
   autocast  fp32 parameters (shards), bf16 compute under torch.autocast
-  bf16      bf16 parameters: no cast, so marking and ours differ by the schedule only
+  bf16      bf16 parameters: no cast, so marking and ours differ by the prefetch only
 backends
-  eager     AOTAutograd, the partitioned FX graphs run as they are
-  inductor  torch.compile's default compiler
+  config.BACKEND_KINDS: eager (AOTAutograd, the partitioned FX graphs run as they are) and
+  inductor (torch.compile's default compiler)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable, Optional
 
-from deepcompile_remat.config import RematConfig
+from deepcompile_remat.config import BACKEND_KINDS, RematConfig
 
-SETUPS = ("baseline", "marking", "ours")
+SETUPS = ("unbucketed", "baseline", "marking", "ours")
 PRECISIONS = ("autocast", "bf16")
-BACKENDS = ("eager", "inductor")
 
 SETUP_HELP = {
-    "baseline": "torch's partitioner, no marking",
-    "marking": "min-cut + marking, fp32 gather then cast (PR #7609)",
-    "ours": "marking + cast-before-gather + scheduled re-gather",
+    "unbucketed": "torch's partitioner, nothing of ours (a collective per parameter)",
+    "baseline": "torch's partitioner + our collective buckets",
+    "marking": "min-cut + marking, fp32 gather then cast, buckets (PR #7609)",
+    "ours": "marking + cast-before-gather + prefetch, buckets",
 }
 PRECISION_HELP = {
     "autocast": "fp32 params, bf16 compute (autocast)",
-    "bf16": "bf16 params (no cast: marking vs ours = schedule only)",
+    "bf16": "bf16 params (no cast: marking vs ours = prefetch only)",
 }
+
+# Buckets without prefetch: the re-gather schedule at distance 0 (see the module docstring).
+_BUCKETS_NO_PREFETCH = {"cast_before_gather": False, "max_prefetch": 0}
 
 
 def remat_config(setup: str) -> RematConfig:
-    if setup == "baseline":
+    """The RematConfig a setup compiles with (baseline's buckets: see bucketed_partitions)."""
+    if setup in ("unbucketed", "baseline"):
         return RematConfig(enabled=False)
     if setup == "marking":
-        return RematConfig(cast_before_gather=False, schedule_gathers=False)
+        return RematConfig(**_BUCKETS_NO_PREFETCH)
     if setup == "ours":
         return RematConfig()
     raise ValueError(f"setup must be one of {SETUPS}, got {setup!r}")
 
 
+def bucketed_partitions(observer: Optional[Callable] = None) -> Callable:
+    """An on_partition for torch's partitioner: gives each (fw, bw) pair the runtime's collective
+    buckets, as marking has them (Zero3Hooks.after_extract at prefetch distance 0), then shows
+    it to `observer`. backends.backend calls on_partition after the partitioner returns and
+    before either graph is compiled, so what is compiled is the bucketed pair."""
+    from deepcompile_remat.profile.partitions import parameter_names
+    from deepcompile_remat.zero3.hooks import Zero3Hooks
+
+    hooks = Zero3Hooks(RematConfig(**_BUCKETS_NO_PREFETCH))
+
+    def on_partition(fw, bw, example_inputs) -> None:
+        hooks.after_extract(fw, bw, parameter_names(fw, example_inputs))
+        if observer is not None:
+            observer(fw, bw, example_inputs)
+
+    return on_partition
+
+
 @dataclass(frozen=True)
 class Cell:
+    """One cell of the matrix: which backend compiles, in which precision, with which setup."""
+
     backend: str
     precision: str
     setup: str
 
     def __post_init__(self) -> None:
-        for value, allowed, what in ((self.backend, BACKENDS, "backend"),
+        for value, allowed, what in ((self.backend, BACKEND_KINDS, "backend"),
                                      (self.precision, PRECISIONS, "precision"),
                                      (self.setup, SETUPS, "setup")):
             if value not in allowed:
@@ -62,19 +99,24 @@ class Cell:
 
     @property
     def name(self) -> str:
+        """backend/precision/setup, as the progress line and the tables print it."""
         return f"{self.backend}/{self.precision}/{self.setup}"
 
     def config(self) -> RematConfig:
+        """The setup's RematConfig."""
         return remat_config(self.setup)
 
     def compile_backend(self, on_partition=None):
-        """The product's own torch.compile backend for this cell."""
+        """The product's own torch.compile backend for this cell; on_partition(fw, bw,
+        example_inputs) sees each partition as it will be compiled (baseline's buckets in)."""
         from deepcompile_remat.backends import backend
 
+        if self.setup == "baseline":
+            on_partition = bucketed_partitions(on_partition)
         return backend(self.backend, self.config(), on_partition=on_partition)
 
 
-def matrix(backends: Iterable[str] = BACKENDS, precisions: Iterable[str] = PRECISIONS,
+def matrix(backends: Iterable[str] = BACKEND_KINDS, precisions: Iterable[str] = PRECISIONS,
            setups: Iterable[str] = SETUPS) -> list[Cell]:
     """Cells in the order they run: per backend and precision, the setups side by side."""
     return [Cell(b, p, s) for b in backends for p in precisions for s in setups]

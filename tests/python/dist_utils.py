@@ -1,13 +1,11 @@
-"""Runs a test function on N ranks over gloo (spawned processes, a free local port)."""
+"""Runs a test function on N ranks over gloo (the harness's rank spawner, a free local port)."""
 import faulthandler
 import os
-import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from deepcompile_remat.bench.ports import free_port
+from deepcompile_remat.harness.ranks import RanksTimedOut, free_port, spawn_for_rows
 from deepcompile_remat.zero3.custom_ops import resolve_group
 
 
@@ -35,16 +33,12 @@ def run_ranks(fn, world: int = 2, *args, timeout_s: float = RANKS_TIMEOUT_S,
     """fn(rank, world, *args) on `world` processes whose default group has `backend`; an
     assertion on any rank fails the test, and so does a run past timeout_s (ranks that disagree
     hang in a collective)."""
-    ctx = mp.spawn(_entry, args=(world, free_port(), fn, args, backend), nprocs=world,
-                   join=False)
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise AssertionError(
-                f"{fn.__name__} on {world} ranks did not finish in {timeout_s:.0f} s: a hang "
-                "(ranks waiting in mismatched collectives?)")
+    try:
+        spawn_for_rows(_entry, world, world, free_port(), fn, args, backend, timeout_s=timeout_s)
+    except RanksTimedOut:
+        raise AssertionError(
+            f"{fn.__name__} on {world} ranks did not finish in {timeout_s:.0f} s: a hang "
+            "(ranks waiting in mismatched collectives?)") from None
 
 
 def full_grads(model) -> dict:

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from deepcompile_remat import comm
-from deepcompile_remat.bench.ports import free_port
+from deepcompile_remat.harness.ranks import free_port
 from deepcompile_remat.comm import cuda_module
 from test_cast_ops import DTYPES, nasty_fp32, same_bits
 

@@ -254,13 +254,13 @@ HF_CASES = [(p, "eager", 2, reentrant, not reentrant) for p in ("llama", "qwen2"
 def test_hf_activation_checkpointing_matches_torch(preset, kind, layers, reentrant, autocast):
     """Before: model.gradient_checkpointing_enable() on any of these failed to compile under
     dcr.backend (SDPA in every region). gpt2 also has dropout (0.1) in every region."""
-    hf_models = pytest.importorskip("deepcompile_remat.bench.hf_models")
+    from deepcompile_remat.harness import models
     pytest.importorskip("transformers")
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
 
     def build():
-        model = hf_models.build(preset, layers=layers, hidden=64)
-        hf_models.enable_checkpointing(model, use_reentrant=reentrant)
+        model = models.build_hf(preset, layers=layers, hidden=64)
+        models.enable_hf_checkpointing(model, use_reentrant=reentrant)
         return model
 
     def run(model):
@@ -273,9 +273,9 @@ def test_hf_activation_checkpointing_matches_torch(preset, kind, layers, reentra
 
 def test_hf_deprecated_gradient_checkpointing_enable_compiles():
     """The name the issue reported, still what older code calls."""
-    hf_models = pytest.importorskip("deepcompile_remat.bench.hf_models")
+    from deepcompile_remat.harness import models
     pytest.importorskip("transformers")
-    model = hf_models.build("llama", layers=1, hidden=64)
+    model = models.build_hf("llama", layers=1, hidden=64)
     with pytest.warns(FutureWarning):
         model.gradient_checkpointing_enable()
     ids = torch.randint(0, 128, (2, 8))

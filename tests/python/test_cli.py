@@ -61,7 +61,8 @@ def test_profile_two_ranks(tmp_path, capsys):
     # the ranks run the same graphs, so they measure the same peaks (the allocator counts
     # gloo's threads too: no drift between ranks) up to one tensor that gloo's worker thread
     # may release a moment later on one rank; ours keeps no gathered weight for the backward
-    # and, under autocast, moves half the bytes of marking's fp32 gathers.
+    # and, under autocast, moves half the bytes of marking's fp32 gathers; the baseline's
+    # gathers are bucketed like ours (unbucketed: torch's partition without them).
     out = tmp_path / "out"
     assert cli.main(["profile", "--backends", "eager", "--precisions", "autocast", "--layers", "1",
                      "--hidden", "64", "--heads", "2", "--seq", "8", "--vocab", "64",
@@ -70,10 +71,11 @@ def test_profile_two_ranks(tmp_path, capsys):
     assert "eager+autocast" in text and "Korthikanti" in text
     data = json.loads((out / "results.json").read_text())
     rows = data["rows"]
+    setups = ("unbucketed", "baseline", "marking", "ours")
     assert sorted((r["setup"], r["rank"]) for r in rows) == sorted(
-        (s, rank) for s in ("baseline", "marking", "ours") for rank in (0, 1))
+        (s, rank) for s in setups for rank in (0, 1))
     by = {(r["setup"], r["rank"]): r for r in rows}
-    for setup in ("baseline", "marking", "ours"):
+    for setup in setups:
         r0, r1 = by[setup, 0], by[setup, 1]
         assert r0["exact_counter"] and r0["peak_bytes"] > 0 and r0["predicted_peak_bytes"] > 0
         assert r0["peak_bytes"] >= r0["fw_peak_bytes"] and r0["timeline"]["t_ms"]
@@ -85,6 +87,11 @@ def test_profile_two_ranks(tmp_path, capsys):
         assert by["ours", rank]["saved_weight_bytes"] == 0
         ours, marking = by["ours", rank], by["marking", rank]
         assert 0 < ours["gathered_bytes"] < 0.75 * marking["gathered_bytes"]
+        # The baseline is torch's partition with ours' collective buckets: the same bytes in
+        # fewer gathers than without them.
+        base, unbucketed = by["baseline", rank], by["unbucketed", rank]
+        assert base["gathered_bytes"] == unbucketed["gathered_bytes"]
+        assert base["gather_calls"] < unbucketed["gather_calls"]
     assert (out / "results.csv").read_text().count("\n") == len(rows) + 1
     for png in ("memory_timeline.png", "peaks.png"):
         assert (out / png).stat().st_size > 0
@@ -101,7 +108,7 @@ def test_profile_rejects_a_run_without_ranks():
     ("compare", ["--seq", "-1"], "--seq"),
 ])
 def test_model_flags_are_checked_before_anything_runs(command, flags, flag):
-    """Both measuring commands share the model flags (profile/workload.py) and their checks."""
+    """Both measuring commands share the model flags (harness/workload.py) and their checks."""
     with pytest.raises(SystemExit, match=f"deepcompile-remat {command}: {flag}"):
         cli.main([command, *flags])
 
@@ -122,7 +129,7 @@ def test_a_config_json_is_the_model_it_describes(tmp_path, command):
     import math
 
     from deepcompile_remat.bench import deepspeed_bench
-    from deepcompile_remat.profile.workload import workload_from_args
+    from deepcompile_remat.harness.workload import workload_from_args
 
     path = _gpt2_config_json(tmp_path)
     args = cli.build_parser().parse_args([command, "--model", path, "--seq", "8"])
@@ -137,7 +144,7 @@ def test_a_config_json_is_the_model_it_describes(tmp_path, command):
 
 
 def test_a_config_json_and_a_flag_that_disagrees(tmp_path):
-    from deepcompile_remat.profile.workload import Workload, workload_from_args
+    from deepcompile_remat.harness.workload import Workload, workload_from_args
 
     path = _gpt2_config_json(tmp_path)
     parse = cli.build_parser().parse_args
@@ -159,7 +166,7 @@ def test_a_config_json_and_a_flag_that_disagrees(tmp_path):
 ])
 def test_a_bad_config_path_is_an_error_naming_the_file(tmp_path, content, says):
     """Before any rank process starts: the error names the file and what is wrong with it."""
-    from deepcompile_remat.bench import hf_models
+    from deepcompile_remat.harness import models
 
     path = tmp_path / "my-config.json"
     if content is not None:
@@ -168,7 +175,7 @@ def test_a_bad_config_path_is_an_error_naming_the_file(tmp_path, content, says):
                                          f".*{re.escape(says)}"):
         cli.main(["compare", "--model", str(path)])
     with pytest.raises(ValueError, match=f"my-config.json.*{re.escape(says)}"):
-        hf_models.build(str(path))
+        models.build_hf(str(path))
 
 
 def test_profile_transformers_preset_shows_progress_and_table_only(tmp_path):

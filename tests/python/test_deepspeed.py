@@ -17,7 +17,7 @@ pytest.importorskip("deepspeed",
 
 import deepcompile_remat as dcr  # noqa: E402
 from deepcompile_remat import zero3  # noqa: E402
-from deepcompile_remat.bench.models import GPT  # noqa: E402
+from deepcompile_remat.harness.models import GPT  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
 from ds_utils import (assert_deepspeed_never_gathered, assert_weights_match_and_moved,  # noqa: E402
                       ds_config, full_fp32_params, rank_env)
@@ -467,7 +467,7 @@ def test_deepcompile_on_gpu_uses_our_partitioner():
 
 def _deepcompile_gpu_main():
     """Stock DeepCompile vs DeepCompile with our partitioner, one GPU, 3 steps."""
-    from deepcompile_remat.bench.ports import free_port
+    from deepcompile_remat.harness.ranks import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                       LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
@@ -505,7 +505,7 @@ def test_bench_deepspeed_smoke(capsys):
         ("ours", 0), ("ours", 1), ("stock", 0), ("stock", 1)]
     for r in rows:
         assert r["peak_mb"] > 0 and r["fwd_bwd_peak_mb"] > 0 and r["step_ms"] > 0
-        assert r["malloc_peak_mb"] > 0 and r["malloc_fwd_bwd_peak_mb"] > 0
+        assert r["exact_counter"], r  # the allocator counted in every thread
         assert r["taken_over"] == (r["setup"] == "ours"), r
         assert (r["model"], r["layers"], r["checkpointing"]) == ("LlamaForCausalLM", 1, True), r
     by = {(r["setup"], r["rank"]): r for r in rows}

@@ -25,7 +25,7 @@ pytest.importorskip("transformers", reason="transformers is not installed "
 
 import deepcompile_remat as dcr  # noqa: E402
 from deepcompile_remat import zero3  # noqa: E402
-from deepcompile_remat.bench import hf_models  # noqa: E402
+from deepcompile_remat.harness import models  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
 from graph_checks import capture_partitions, parameter_copies_saved  # noqa: E402
 
@@ -41,9 +41,9 @@ TAKEOVER_CASES = [("gpt2", "eager", "bf16", True), ("llama", "eager", "autocast"
 
 
 def _model(preset, checkpointing, dtype=torch.float32):
-    model = hf_models.build(preset, vocab=VOCAB, layers=2, hidden=64, dropout=0.0).to(dtype)
+    model = models.build_hf(preset, vocab=VOCAB, layers=2, hidden=64, dropout=0.0).to(dtype)
     if checkpointing:
-        hf_models.enable_checkpointing(model, use_reentrant=False)
+        models.enable_hf_checkpointing(model, use_reentrant=False)
     return model
 
 

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from deepcompile_remat import cli
-from deepcompile_remat.profile import report
+from deepcompile_remat.profile import results
 
 WORLD = 8
 SIZE = {"layers": 4, "hidden": 256, "heads": 4, "seq": 8, "vocab": 256, "batch": 1}
@@ -45,17 +45,17 @@ def emulated_run(tmp_path_factory):
     for k, v in SIZE.items():
         argv += [f"--{k}", str(v)]
     assert cli.main(argv) == 0
-    rows, meta = report.load(str(out / "results.json"))
+    rows, meta = results.load(str(out / "results.json"))
     assert {(r["backend"], r["setup"]) for r in rows} == {
         (b, s) for b in ("eager", "inductor") for s in ("baseline", "ours")}
     assert all(r["emulated"] and r["world"] == WORLD and r["exact_counter"] for r in rows)
-    return report.fold(rows)
+    return results.fold(rows)
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_ours_lowers_the_peak_by_the_weights_the_baseline_keeps(emulated_run, backend):
-    base = report.cell(emulated_run, backend, "autocast", "baseline")
-    ours = report.cell(emulated_run, backend, "autocast", "ours")
+    base = results.cell(emulated_run, backend, "autocast", "baseline")
+    ours = results.cell(emulated_run, backend, "autocast", "ours")
     kept = base["saved_weight_bytes"]
     # The premise: torch's partitioner keeps (nearly) every bf16 weight for the backward.
     assert kept >= 0.9 * 2 * sum(_matrices(SIZE))
@@ -74,7 +74,7 @@ def test_ours_lowers_the_peak_by_the_weights_the_baseline_keeps(emulated_run, ba
 def test_simulator_predicts_the_eager_peak(emulated_run, setup):
     # Eager runs the partitioned FX graphs in their order, so the memory simulator's peak is
     # the measured one up to what happens outside the graphs (loss, gradient accumulation).
-    c = report.cell(emulated_run, "eager", "autocast", setup)
+    c = results.cell(emulated_run, "eager", "autocast", setup)
     assert c["predicted_peak_bytes"] == pytest.approx(c["peak_bytes"], rel=0.05)
 
 
@@ -85,10 +85,10 @@ def test_results_are_json_serializable(emulated_run):
 def test_korthikanti_formula_sums_its_parts():
     s, b, h, a = 16, 2, 64, 4
     attention, mlp, norms = 11 * s * b * h + 5 * a * s * s * b, 19 * s * b * h, 4 * s * b * h
-    assert report.korthikanti_bytes_per_layer(s, b, h, a, dropout=True) == attention + mlp + norms
+    assert results.korthikanti_bytes_per_layer(s, b, h, a, dropout=True) == attention + mlp + norms
     masks = s * b * h + s * b * h + a * s * s * b  # attention out, MLP out, softmax
     softmax_output_read_twice = 2 * a * s * s * b
-    assert report.korthikanti_bytes_per_layer(s, b, h, a) == (
+    assert results.korthikanti_bytes_per_layer(s, b, h, a) == (
         attention + mlp + norms - masks - softmax_output_read_twice)
 
 

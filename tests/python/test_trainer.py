@@ -62,7 +62,7 @@ def _train(rank, out_dir, precision, on, backend=None, compile_backend=None,
            checkpointing=False):
     import transformers
 
-    from deepcompile_remat.bench import hf_models
+    from deepcompile_remat.harness import models
     from ds_utils import assert_deepspeed_never_gathered, full_fp32_params
 
     torch._dynamo.reset()
@@ -74,7 +74,7 @@ def _train(rank, out_dir, precision, on, backend=None, compile_backend=None,
         dataloader_num_workers=0, seed=0, torch_compile=compile_backend is not None,
         torch_compile_backend=compile_backend, activation_checkpointing=checkpointing)
     torch.manual_seed(0)
-    model = hf_models.build("llama", vocab=VOCAB, layers=2, hidden=64, dropout=0.0)
+    model = models.build_hf("llama", vocab=VOCAB, layers=2, hidden=64, dropout=0.0)
     assert hasattr(next(model.parameters()), "ds_id"), "HF did not build under zero.Init"
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_dataset())
     trainer.train()

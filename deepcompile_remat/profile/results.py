@@ -1,4 +1,5 @@
-"""The results: the table in DeepSpeed PR #7609's layout (base vs ours, time and memory, delta),
+"""The profile's results: the rows folded into cells; the table in DeepSpeed PR #7609's layout
+(every setup's time and memory, delta of ours against the baseline),
 a detail table per cell, a footer (definitions, the activation formula of Korthikanti et al.
 beside the baseline's measured saved activations), results.json and results.csv.
 
@@ -92,20 +93,23 @@ def config_groups(folded: dict) -> list:
 
 
 def main_table(folded: dict) -> str:
-    """#7609's layout: per backend+precision, base vs ours, time and memory, with deltas."""
+    """#7609's layout: per backend+precision, every setup's time and memory, and the delta of
+    ours against the baseline."""
     scale, unit = unit_of(c["peak_bytes"] for c in folded.values())
     setups = [s for s in SETUPS if any(k[4] == s for k in folded)]
-    head = " ".join(f"{s:>8}" for s in setups)
-    width = 9 * len(setups) + 8
+    w = {s: max(8, len(s)) for s in setups}
+    head = " ".join(f"{s:>{w[s]}}" for s in setups)
+    width = len(head) + 8
     memory_title = f"peak memory per rank ({unit})"
     lines = [f"{'':<24} {'step time (s)':^{width}}   {memory_title:^{width}}",
              f"{'config':<24} {head} {'delta':>7}   {head} {'delta':>7}"]
     for world, emulated, backend, precision in config_groups(folded):
         get = {s: folded.get((world, emulated, backend, precision, s)) for s in setups}
-        times = " ".join(f"{get[s]['step_s']:>8.3f}" if get[s] and not math.isnan(get[s]["step_s"])
-                         else f"{'-':>8}" for s in setups)
-        mems = " ".join(f"{get[s]['peak_bytes'] / scale:>8.2f}" if get[s] else f"{'-':>8}"
-                        for s in setups)
+        times = " ".join(f"{get[s]['step_s']:>{w[s]}.3f}"
+                         if get[s] and not math.isnan(get[s]["step_s"]) else f"{'-':>{w[s]}}"
+                         for s in setups)
+        mems = " ".join(f"{get[s]['peak_bytes'] / scale:>{w[s]}.2f}" if get[s]
+                        else f"{'-':>{w[s]}}" for s in setups)
         base, ours = get.get("baseline"), get.get("ours")
         dt = _delta(ours["step_s"], base["step_s"]) if base and ours else "n/a"
         dm = _delta(ours["peak_bytes"], base["peak_bytes"]) if base and ours else "n/a"
@@ -124,6 +128,7 @@ def _ranks_differ(cell: dict) -> bool:
 
 
 def detail_table(folded: dict) -> str:
+    """Per cell: peaks, what crosses to the backward, the prediction, bytes gathered."""
     scale, unit = unit_of(c["peak_bytes"] for c in folded.values())
     cols = (f"{'cell':<34} {'peak':>8} {'fw peak':>8} {'bw peak':>8} {'fw end':>8} "
             f"{'predict':>8} {'saved':>8} {'weights':>8} {'gathered':>9} {'compile s':>9}")
@@ -148,6 +153,8 @@ def detail_table(folded: dict) -> str:
 
 
 def footer(folded: dict, meta: dict) -> str:
+    """Definitions of the step, the setups and precisions; the activation formula beside the
+    baseline's measured saved activations; warnings."""
     size = meta["size"]
     s, b, h, a = size["seq"], size["batch"], size["hidden"], size["heads"]
     formula = korthikanti_bytes_per_layer(s, b, h, a)
@@ -180,6 +187,7 @@ def footer(folded: dict, meta: dict) -> str:
 
 
 def header(meta: dict) -> str:
+    """One line: model, ranks, torch, steps."""
     where = (f"{meta['world']} {meta['device'].upper()} ranks ({meta['dist_backend']})"
              if not meta.get("emulated_world") or meta.get("world") else "")
     emu = (f"emulated world {meta['emulated_world']} (fake process group)"
@@ -200,11 +208,13 @@ CSV_EXCLUDE = ("timeline", "step_times_s", "activation_bytes_per_block", "peak_b
 
 
 def write_json(path: str, rows: list, meta: dict) -> None:
+    """results.json: meta and every rank's rows."""
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 def write_csv(path: str, rows: list) -> None:
+    """results.csv: one line per rank and cell, without the timeline and per-step lists."""
     if not rows:
         return
     keys = [k for k in rows[0] if k not in CSV_EXCLUDE] + ["activation_bytes_per_block_mean"]
@@ -217,6 +227,7 @@ def write_csv(path: str, rows: list) -> None:
 
 
 def load(path: str) -> tuple[list, dict]:
+    """(rows, meta) of a results.json."""
     with open(path) as f:
         data = json.load(f)
     return data["rows"], data["meta"]

@@ -1,4 +1,8 @@
-"""Memory over one step, from the allocator's own accounting.
+"""The one memory meter of the harness: memory over a step, from the allocator's own accounting.
+
+Every command measures with it (profile, compare, bench-deepspeed): the allocator's running
+total, which counts tensors (what the product changes), not Python objects or a library's
+own malloc'd buffers.
 
 CPU: torch.profiler's allocation events (``profile_memory=True``) carry the CPU allocator's
 running total after each allocation and free. That total is only exact if every thread counts:
@@ -97,8 +101,9 @@ class StepMemory:
     bw_end_ms: float
 
 
-def _marks(tree, names=MARKS) -> dict:
-    """name -> (start ns, end ns) of the first record_function region of each name."""
+def step_marks(tree, names=MARKS) -> dict:
+    """name -> (start ns, end ns) of the first record_function region of each name in an
+    event_tree(prof)."""
     out = {}
     for n in tree.sorted_nodes:
         if n.name in names and n.name not in out:
@@ -106,13 +111,14 @@ def _marks(tree, names=MARKS) -> dict:
     return out
 
 
-def _event_tree(prof):
+def event_tree(prof):
+    """The profiler's event tree of a finished profile (what the other readers here walk)."""
     from torch.profiler._memory_profiler import OpTree  # private: the profiler's event tree
 
     return OpTree(prof.profiler.kineto_results)
 
 
-def _allocation_events(tree, device_type: str) -> list:
+def allocation_events(tree, device_type: str) -> list:
     """(time ns, allocator total after it, bytes allocated (< 0: freed)) per allocator event
     on `device_type`, in time order."""
     from torch._C._profiler import _EventType
@@ -126,7 +132,7 @@ def _allocation_events(tree, device_type: str) -> list:
 def peak_over_profile(prof, device_type: str = "cpu") -> float:
     """Peak live bytes over a whole profiled region (no marks needed): the largest allocator
     total after an event, minus the total before the first event."""
-    events = _allocation_events(_event_tree(prof), device_type)
+    events = allocation_events(event_tree(prof), device_type)
     if not events:
         return 0.0
     return float(max(e[1] for e in events) - (events[0][1] - events[0][2]))
@@ -134,14 +140,14 @@ def peak_over_profile(prof, device_type: str = "cpu") -> float:
 
 def from_profile(prof, device_type: str = "cpu") -> StepMemory:
     """The step's memory from a torch.profiler run of exactly one step (with the marks)."""
-    tree = _event_tree(prof)
-    marks = _marks(tree)
+    tree = event_tree(prof)
+    marks = step_marks(tree)
     missing = [m for m in MARKS if m not in marks]
     if missing:
         raise RuntimeError(f"profiled step lacks the marks {missing}")
     t0 = marks[FORWARD][0]
     fw_end, bw_end = marks[FORWARD][1], marks[RELEASE][1]
-    events = [e for e in _allocation_events(tree, device_type) if t0 <= e[0] <= bw_end]
+    events = [e for e in allocation_events(tree, device_type) if t0 <= e[0] <= bw_end]
     if not events:
         return StepMemory(0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(1), np.zeros(1), 0.0, 0.0)
     start = float(events[0][1] - events[0][2])

@@ -6,7 +6,7 @@ blocks, one micro-batch per rank and the loss.
     loss = w.loss(run, model_inputs)
 
 transformers models are built from a preset or a config.json with random weights (never a
-download; bench/hf_models.py), dropout off so every system draws the same numbers, and with
+download; harness/models.py), dropout off so every system draws the same numbers, and with
 HF's activation checkpointing when asked. A config.json's layers, hidden, heads and vocab are
 its own (workload_from_args reads them; the flags size the presets and the built-in GPT).
 The blocks are the model's repeated layers (what FSDP2 wraps one by one, and what
@@ -20,12 +20,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from deepcompile_remat.harness import models
+
 
 # The defaults (every command's): weights dominate (hidden 512 at 16 tokens) and the bf16 GEMMs
 # a CPU emulates stay small; two layers keep inductor's compile, most of a profile run, inside 3
 # minutes on 2 cores even with a cold kernel cache.
 @dataclass(frozen=True)
 class Workload:
+    """One measurement's model and micro-batch: built the same on every rank and for every
+    system measured (see the module docstring)."""
+
     model: str = "gpt"  # "gpt", a transformers preset (llama, qwen2, gpt2), or a config.json
     # (whose layers, hidden, heads and vocab these must be: workload_from_args reads them)
     layers: int = 2
@@ -45,27 +50,23 @@ class Workload:
         torch.manual_seed(0)
         with torch.device(device):
             if self.is_hf:
-                from deepcompile_remat.bench import hf_models
-
-                model = hf_models.build(self.model, vocab=self.vocab, hidden=self.hidden,
+                model = models.build_hf(self.model, vocab=self.vocab, hidden=self.hidden,
                                         layers=self.layers, heads=self.heads,
                                         kv_heads=self.heads, seq=max(self.seq, 64), dropout=0.0)
-                if hf_models.is_config_path(self.model):
-                    own = hf_models.sizes_of(model.config)
+                if models.is_hf_config_path(self.model):
+                    own = models.hf_sizes(model.config)
                     if any(own[k] != getattr(self, k) for k in SHAPE):
                         raise ValueError(
                             f"{self.model} has {({k: own[k] for k in SHAPE})}, this Workload "
                             f"{({k: getattr(self, k) for k in SHAPE})}: take the sizes from "
                             "the config (workload_from_args does)")
                 if self.checkpointing:
-                    hf_models.enable_checkpointing(model, use_reentrant=False)
+                    models.enable_hf_checkpointing(model, use_reentrant=False)
             else:
                 if self.checkpointing:
                     raise ValueError("activation checkpointing needs a transformers model "
                                      "(--model llama|qwen2|gpt2|config.json)")
-                from deepcompile_remat.bench.models import GPT
-
-                model = GPT(vocab=self.vocab, d=self.hidden, layers=self.layers,
+                model = models.GPT(vocab=self.vocab, d=self.hidden, layers=self.layers,
                             heads=self.heads, max_t=self.seq)
         return model.to(torch.bfloat16) if precision == "bf16" else model
 
@@ -85,6 +86,7 @@ class Workload:
                                            batch["targets"].view(-1))
 
     def describe(self, parameters: int) -> str:
+        """One line for a table's title: the model, its sizes and `parameters`."""
         name = "GPT" if not self.is_hf else self.model
         ckpt = ", activation checkpointing" if self.checkpointing else ""
         return (f"{name} {self.layers} layers, hidden {self.hidden}, {self.heads} heads, vocab "
@@ -145,11 +147,9 @@ def workload_from_args(args: argparse.Namespace, command: str,
         if value < 1:
             raise SystemExit(f"deepcompile-remat {command}: --{name} must be >= 1")
     sizes = {**defaults, **given}
-    from deepcompile_remat.bench import hf_models
-
-    if hf_models.is_config_path(args.model):
+    if models.is_hf_config_path(args.model):
         try:
-            own = hf_models.sizes_of(hf_models.config_of(args.model))
+            own = models.hf_sizes(models.hf_config(args.model))
         except (ValueError, TypeError, KeyError) as e:
             raise SystemExit(f"deepcompile-remat {command}: --model {e}") from None
         max_seq = own.pop("max_seq")

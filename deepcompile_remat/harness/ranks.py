@@ -1,0 +1,56 @@
+"""The one rank spawner: runs a function on N local processes and collects the rows they return.
+
+Every command that measures on several ranks (profile, compare, bench-deepspeed) and the tests'
+run_ranks go through spawn_for_rows. mp.spawn returns nothing, so each rank writes its rows
+(JSON) to a file of its own in a temporary folder, read back in rank order once every rank has
+exited. A rank that raises fails the call (mp.spawn's ProcessRaisedException names it); ranks
+that hang (say, in mismatched collectives) are killed at the deadline.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from typing import Callable, Optional
+
+
+def free_port() -> int:
+    """A free local TCP port for a process-group rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RanksTimedOut(RuntimeError):
+    """The ranks did not all finish before the deadline; every one was killed."""
+
+
+def spawn_for_rows(fn: Callable[..., Optional[list]], nprocs: int, *args,
+                   timeout_s: Optional[float] = None) -> list:
+    """fn(rank, *args) -> list of JSON-able rows (None: no rows), on nprocs processes; all rows,
+    rank 0 first. timeout_s: kill every rank and raise RanksTimedOut past it (None: wait)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows")
+        ctx = mp.spawn(_rows_to_file, args=(fn, out, args), nprocs=nprocs, join=False)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not ctx.join(timeout=1.0):
+            if deadline is not None and time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise RanksTimedOut(f"{getattr(fn, '__name__', fn)} on {nprocs} ranks did not "
+                                    f"finish in {timeout_s:.0f} s")
+        rows = []
+        for r in range(nprocs):
+            with open(f"{out}.{r}") as f:
+                rows += json.load(f)
+    return rows
+
+
+def _rows_to_file(rank: int, fn: Callable[..., Optional[list]], out: str, args: tuple) -> None:
+    rows = fn(rank, *args)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(rows or [], f)
