@@ -9,6 +9,7 @@ import torch.multiprocessing as mp
 
 from deepcompile_remat.bench.ports import free_port
 from deepcompile_remat.zero3.custom_ops import resolve_group
+from deepcompile_remat.zero3.shard import specs_of
 
 
 def _entry(rank, world, port, fn, args, backend="gloo"):
@@ -51,7 +52,7 @@ def full_grads(model) -> dict:
     """name -> the full gradient of each sharded parameter, gathered from every rank."""
     out = {}
     for mod_name, mod in model.named_modules():
-        for name, spec in getattr(mod, "_dcr_shard_specs", {}).items():
+        for name, spec in specs_of(mod).items():
             g = mod._parameters[name].grad
             parts = [torch.zeros_like(g) for _ in range(spec.world_size)]
             dist.all_gather(parts, g, group=resolve_group(spec.group_name))
