@@ -6,9 +6,8 @@
    same slots (what the runtime does without the kernel) and one .copy_ per tensor.
 2. allgather_cast(bf16) (fused cast, then the process group's coalesced in-place gather: the
    runtime path) vs torch's fp32 all_gather_into_tensor then .to(bf16), per bucket: time and
-   torch.cuda.max_memory_allocated. At world > 1 also the private NCCL communicator on a side
-   stream (the runtime's old path): it goes back into the runtime only if it wins here, and
-   then with its streams ordered against the process group's.
+   torch.cuda.max_memory_allocated. Both gather through torch's process group: only the
+   cast differs.
 
 3. --cpu: the CPU slot fill, our C++ kernel (deepcompile_remat._C, with its NaN probe) against
    torch's _foreach_copy_ and per-tensor copy_: why the runtime fills slots with torch on CPU.
@@ -145,23 +144,7 @@ def bench_gather(shards, world: int, iters: int) -> dict:
             outs.append(full.to(torch.bfloat16))
         return outs
 
-    def private_communicator():
-        from deepcompile_remat.comm import cuda_module
-
-        option = comm.torch_nan_option("cuda", torch.bfloat16)
-        outs = [torch.empty(world * s.numel(), dtype=torch.bfloat16, device=device) for s in shards]
-        nccl = cuda_module.communicator(None, device)
-        event = nccl.allgather_cast(
-            [s.data_ptr() for s in shards], [o.data_ptr() for o in outs],
-            [s.numel() for s in shards], "bfloat16", 2, option.nan_mode, option.canonical_nan,
-            torch.cuda.current_stream(device).cuda_stream,
-            cuda_module.comm_stream(device).cuda_stream)
-        event.wait(torch.cuda.current_stream(device).cuda_stream)
-        return outs
-
     variants = [("fused_allgather_cast", fused), ("fp32_allgather_then_cast", baseline)]
-    if world > 1:
-        variants.append(("fused_private_nccl_communicator", private_communicator))
     result = {}
     for name, fn in variants:
         torch.cuda.synchronize()
@@ -209,7 +192,6 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=2)
     if world > 1:
-        comm.destroy_communicators()
         dist.destroy_process_group()
 
 

@@ -1,7 +1,8 @@
 """deepcompile_remat: ZeRO-3-aware min-cut rematerialization for torch.compile.
 
-Public surface: RematConfig, partition_fn / make_partition_fn (AOTAutograd partitioners),
-backend(kind, config) for torch.compile, reports() / clear_reports(), and the min-cut solver in
+Public surface: RematConfig, partition_fn / make_partition_fn (AOTAutograd partitioners; a
+disabled config gives torch's own), backend(kind=None, config=None) for torch.compile (kind
+defaults to config.backend_kind), reports() / clear_reports(), and the min-cut solver in
 deepcompile_remat.mincut. The C++ core is deepcompile_remat._C.
 """
 from deepcompile_remat._C import __version__

@@ -18,6 +18,7 @@ off where every partition must be seen.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from deepcompile_remat.config import BACKEND_KINDS, RematConfig
+from deepcompile_remat.config import RematConfig
 from deepcompile_remat.partition import partitioner
 from deepcompile_remat.zero3.hooks import Zero3Hooks
 
@@ -34,20 +35,26 @@ from deepcompile_remat.zero3.hooks import Zero3Hooks
 def make_partition_fn(config: Optional[RematConfig] = None, *,
                       parameter_indices: Optional[Sequence[int]] = None,
                       num_graph_inputs: Optional[int] = None) -> Callable:
-    """Our AOTAutograd partition function with the ZeRO-3 runtime's passes plugged in
-    (cast-before-gather, re-gather schedule): what both backends use. A disabled config
-    (RematConfig(enabled=False)) gives torch's own min_cut_rematerialization_partition: off
-    means off wherever the config is passed."""
-    config = config if config is not None else RematConfig()
-    if not isinstance(config, RematConfig):
-        raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
+    """The AOTAutograd partition function for `config` (None: RematConfig()): our min-cut with
+    the ZeRO-3 runtime's passes plugged in (cast-before-gather, re-gather schedule), what both
+    backends use. A disabled config (RematConfig(enabled=False)) gives torch's own
+    min_cut_rematerialization_partition: off means off wherever the config is passed."""
+    config = _checked_config(config)
     if not config.enabled:
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         return min_cut_rematerialization_partition
-    return partitioner.make_partition_fn(config, parameter_indices=parameter_indices,
-                                         num_graph_inputs=num_graph_inputs,
-                                         hooks=(Zero3Hooks(config),))
+    return partitioner.build_partition_fn(config, parameter_indices=parameter_indices,
+                                          num_graph_inputs=num_graph_inputs,
+                                          hooks=(Zero3Hooks(config),))
+
+
+def _checked_config(config: Optional[RematConfig]) -> RematConfig:
+    """config, or RematConfig() for None; anything else than a RematConfig is a TypeError."""
+    config = config if config is not None else RematConfig()
+    if not isinstance(config, RematConfig):
+        raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
+    return config
 
 
 def partition_fn(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
@@ -58,6 +65,7 @@ def partition_fn(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
 
 
 def parameter_indices_of(example_inputs: Sequence[Any]) -> list[int]:
+    """The positions of the nn.Parameter inputs: the parameters the marking protects."""
     return [i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter)]
 
 
@@ -164,16 +172,20 @@ def _inductor_backend(config: RematConfig, on_partition: Optional[Callable] = No
     return compile_fn
 
 
-def backend(kind: str = "inductor", config: Optional[RematConfig] = None, *,
+def backend(kind: Optional[str] = None, config: Optional[RematConfig] = None, *,
             on_partition: Optional[Callable] = None) -> Callable:
-    """A torch.compile backend of the given kind ("eager" or "inductor"). config=None means
-    RematConfig() (on, defaults); RematConfig(enabled=False) compiles with torch's partitioner.
+    """A torch.compile backend of the given kind ("eager" or "inductor"). kind=None: the
+    config's (config.backend_kind: "inductor" unless config.backend says otherwise); a kind
+    that contradicts a config.backend that is set is an error. config=None means RematConfig()
+    (on, defaults); RematConfig(enabled=False) compiles with torch's partitioner.
     on_partition(fw_module, bw_module, example_inputs): see the module docstring."""
-    if kind not in BACKEND_KINDS:
-        raise ValueError(f"backend kind must be one of {BACKEND_KINDS}, got {kind!r}")
-    config = config if config is not None else RematConfig()
-    if not isinstance(config, RematConfig):
-        raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
+    config = _checked_config(config)
+    if kind is not None:
+        if config.backend is not None and kind != config.backend:
+            raise ValueError(f"backend kind {kind!r} contradicts the config's backend "
+                             f"{config.backend!r}; pass one of them, or the same kind")
+        config = dataclasses.replace(config, backend=kind)  # the config's validator checks it
+    kind = config.backend_kind
     if on_partition is not None and not callable(on_partition):
         raise TypeError("on_partition must be callable")
     fn = (_eager_backend if kind == "eager" else _inductor_backend)(config, on_partition)

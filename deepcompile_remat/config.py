@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Optional
+from typing import Any, Literal, Mapping, Optional, Union
 
 Policy = Literal["conservative", "aggressive"]
 AsyncGathers = Literal["auto", "on", "off"]
 BackendKind = Literal["eager", "inductor"]
-BACKEND_KINDS = typing.get_args(BackendKind)  # what deepcompile_remat.backend(kind) takes
+DEFAULT_BACKEND: BackendKind = "inductor"
+BACKEND_KINDS: tuple[str, ...] = typing.get_args(BackendKind)  # what backend(kind) takes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,6 +66,12 @@ class RematConfig:
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = field(default=1000, metadata={"min": 0})
     """How many PartitionReports this process keeps (oldest dropped first)."""
+    backend: Optional[BackendKind] = None
+    """The torch.compile backend kind: "inductor" or "eager" (AOTAutograd, the partitioned FX
+    graphs run as they are). None: not fixed here; "inductor" unless the caller picks one
+    (deepcompile_remat.backend(kind), or engine.compile(backend=...) on a DeepSpeed engine).
+    Set, it is what the DeepSpeed takeover compiles with, and a caller asking for another
+    kind is refused (backend(kind)) or not honoured (engine.compile)."""
 
     def __post_init__(self) -> None:
         hints = _type_hints()
@@ -79,11 +87,16 @@ class RematConfig:
         known = field_names()
         for key in block:
             if key not in known:
-                raise ValueError(f"{where}: unknown key {key!r}; known keys: {sorted(known)}")
+                raise ValueError(f"{where}: unknown key {key!r}; valid keys: {sorted(known)}")
         try:
             return cls(**block)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
+
+    @property
+    def backend_kind(self) -> BackendKind:
+        """The backend kind that compiles: `backend`, or DEFAULT_BACKEND when it is None."""
+        return self.backend if self.backend is not None else DEFAULT_BACKEND
 
     @classmethod
     def disabled(cls) -> "RematConfig":
@@ -99,6 +112,7 @@ class RematConfig:
 
 
 def field_names() -> frozenset:
+    """The keys RematConfig (and so the ds_config block) takes."""
     return frozenset(f.name for f in dataclasses.fields(RematConfig))
 
 
@@ -111,14 +125,30 @@ def _type_hints() -> dict:
     return _HINTS
 
 
+def _optional_of(hint):
+    """X for Optional[X] (a Union of X and None), else None."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2:
+            return args[0]
+    return None
+
+
 def _checked(f: dataclasses.Field, hint, value):
     """value, validated against the field's type (and its metadata's "min"); normalised where
-    JSON cannot say it (a list of indices becomes a tuple)."""
+    JSON cannot say it (a list of indices becomes a tuple). The one validator of every field:
+    a bool is never taken for a number, nor a number for a bool."""
     name = f"RematConfig.{f.name}"
+    inner = _optional_of(hint)
+    if inner is not None:
+        if value is None:
+            return None
+        hint = inner
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
         if value not in choices or isinstance(value, bool):
-            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+            none = " or null" if inner is not None else ""
+            raise ValueError(f"{name} must be one of {list(choices)}{none}, got {value!r}")
         return value
     if hint is bool:
         if not isinstance(value, bool):
@@ -136,9 +166,7 @@ def _checked(f: dataclasses.Field, hint, value):
         if not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
         return float(value)
-    if f.name == "parameter_indices":  # Optional[tuple[int, ...]]
-        if value is None:
-            return None
+    if typing.get_origin(hint) is tuple and typing.get_args(hint) == (int, ...):
         if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
             raise ValueError(f"{name} must be a list of non-negative integers, got {value!r}")
         indices = tuple(value)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, for the lent GPU machine as it is (torch 2.11 + CUDA 13, Python 3.12, no
-# network): versions first, then the build (CUDA/NCCL module for Hopper, against that Python's
-# headers), carried wheels (DeepSpeed and what it needs: scripts/gpu_wheels.sh builds them here),
+# network): versions first, then the build (the CUDA cast module for Hopper, against that
+# Python's headers), carried wheels (DeepSpeed and what it needs: scripts/gpu_wheels.sh builds them here),
 # the GPU tests and the CPU tests that check this torch, the memory profile on the GPU, and the
 # kernel benchmark. No timeout cuts a suite short: the device tool's own limit is the only one.
 # Logs go to $OUT when set (the device tool), else to bench_out/.

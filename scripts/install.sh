@@ -25,5 +25,4 @@ python3 -m pip install -q --no-build-isolation "deepspeed==0.19.8"
 DS_ACCELERATOR=cpu python3 -c "from deepspeed.accelerator import get_accelerator
 b = get_accelerator().create_op_builder('ShareMemCommBuilder')
 b is None or b.load()" >/dev/null
-if [ -f scripts/install_cuda_deps.sh ]; then bash scripts/install_cuda_deps.sh; fi
 python3 -m pip install -q --no-build-isolation -e .

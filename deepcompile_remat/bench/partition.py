@@ -92,7 +92,7 @@ def bench_one(layers: int, *, d_model: int, seq: int, autocast: bool, policy: st
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from deepcompile_remat.config import RematConfig
-    from deepcompile_remat.partition import make_partition_fn
+    from deepcompile_remat.partition import build_partition_fn
     from deepcompile_remat.partition.fx_export import is_primal
 
     cap = capture_joint_graph(layers, d_model=d_model, seq=seq, autocast=autocast)
@@ -106,7 +106,7 @@ def bench_one(layers: int, *, d_model: int, seq: int, autocast: bool, policy: st
 
     from deepcompile_remat.partition import reports
 
-    ours_fn = make_partition_fn(RematConfig(policy=policy))
+    ours_fn = build_partition_fn(RematConfig(policy=policy))
     joint = copy.deepcopy(cap.joint)
     t0 = time.perf_counter()
     fw, bw = ours_fn(joint, [], **kwargs)

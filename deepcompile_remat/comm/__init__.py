@@ -2,17 +2,15 @@
 
     cast_and_gather(shards, outputs=None, dtype=None, group=None, async_op=False)
     cast_and_gather_packed(shards, dtype=None, group=None) -> one (world x total) buffer
-    cuda_available()    -> True when the CUDA + NCCL module was built and imports
+    cuda_available()    -> True when the CUDA cast module was built and imports
     cuda_usable()       -> ... and matches this torch's CUDA and the driver (else torch casts)
     cuda_build_info()   -> what the build found, and why the CUDA module is missing if it is
-    destroy_communicators()  -> ncclCommDestroy the benchmark's private communicators
 """
 from deepcompile_remat.comm.cast_gather import (GatherHandle, cast_and_gather,
                                                   cast_and_gather_packed)
-from deepcompile_remat.comm.cuda_module import (cuda_available, cuda_build_info,
-                                               destroy_communicators)
+from deepcompile_remat.comm.cuda_module import cuda_available, cuda_build_info
 from deepcompile_remat.comm.cuda_module import usable as cuda_usable
 from deepcompile_remat.comm.nan_policy import torch_nan_option
 
 __all__ = ["GatherHandle", "cast_and_gather", "cast_and_gather_packed", "cuda_available", "cuda_build_info",
-           "cuda_usable", "destroy_communicators", "torch_nan_option"]
+           "cuda_usable", "torch_nan_option"]

@@ -1,28 +1,20 @@
-"""The optional _cuda extension: loading it, saying why it is missing or unusable, and the
-private NCCL communicator the kernel benchmark compares with.
+"""The optional _cuda extension (the CUDA cast kernel): loading it, and saying why it is missing
+or unusable.
 
 usable(): the module is built, imports, and was compiled for a CUDA this torch and this driver
 run (same major version as torch.version.cuda; no newer than the driver supports). Otherwise
 the runtime warns once, saying which, and casts with torch (cast_and_gather.fill_slots): a
-kernel built for another CUDA fails to launch, or worse, on a user's GPUs.
-
-Communicators (benchmarks/bench_allgather_cast.py only: the runtime gathers through the process
-group, one communicator for every collective): one per (process group, device), created on
-first use from a unique id that group rank 0 generates and broadcasts through the
-torch.distributed group, cached, destroyed by destroy_communicators() (the benchmark calls it;
-nothing is registered at import).
+kernel built for another CUDA fails to launch, or worse, on a user's GPUs. The gathers always
+run through torch's process group.
 """
 from __future__ import annotations
 
 import functools
 import json
 import logging
-import threading
 from pathlib import Path
-from typing import Dict, Tuple
 
 import torch
-import torch.distributed as dist
 
 _INFO_FILE = Path(__file__).resolve().parent.parent / "_cuda_build_info.json"
 log = logging.getLogger(__name__)
@@ -44,13 +36,11 @@ def cuda_build_info() -> dict:
                 "reason": "no _cuda_build_info.json: the native build did not run the CUDA step "
                           "(DCR_BUILD_CUDA=OFF or an old build)"}
     info["import_error"] = _IMPORT_ERROR
-    if _cuda is not None:
-        info["nccl_version"] = _cuda.nccl_version
     return info
 
 
 def cuda_available() -> bool:
-    """True when the _cuda module is importable (nvcc + NCCL were found at build time)."""
+    """True when the _cuda module is importable (nvcc was found at build time)."""
     return _cuda is not None
 
 
@@ -101,6 +91,7 @@ def usable() -> bool:
 
 
 def require_cuda_module():
+    """The _cuda module; a RuntimeError saying why when it was not built or does not import."""
     if _cuda is None:
         info = cuda_build_info()
         why = info.get("reason") or ""
@@ -108,52 +99,6 @@ def require_cuda_module():
             why = f"{why}; import failed: {info['import_error']}".lstrip("; ")
         raise RuntimeError(
             "deepcompile_remat was built without its CUDA module (deepcompile_remat._cuda), "
-            f"so cast_and_gather cannot run on CUDA tensors: {why}. Rebuild with nvcc and the "
-            "NCCL headers available (scripts/install_cuda_deps.sh).")
+            f"so its CUDA cast kernel cannot run: {why}. Rebuild with nvcc available "
+            "(the CUDA toolkit, or CUDACXX pointing at nvcc).")
     return _cuda
-
-
-_lock = threading.Lock()
-_communicators: Dict[Tuple[object, int], object] = {}
-_comm_streams: Dict[int, torch.cuda.Stream] = {}
-
-
-def _group_key(group) -> object:
-    return "default" if group is None else group
-
-
-def communicator(group, device: torch.device):
-    """The cached NCCL communicator of `group` on `device` (created collectively on first use:
-    every rank of the group must call this in the same order, like any collective)."""
-    key = (_group_key(group), device.index)
-    with _lock:
-        comm = _communicators.get(key)
-    if comm is not None:
-        return comm
-    cuda = require_cuda_module()
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    payload = [cuda.nccl_unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(payload, src=dist.get_global_rank(group or dist.group.WORLD, 0),
-                               group=group)
-    comm = cuda.NcclCommunicator(payload[0], world, rank, device.index)
-    with _lock:
-        _communicators[key] = comm
-    return comm
-
-
-def comm_stream(device: torch.device) -> torch.cuda.Stream:
-    """The benchmark's side stream per device, for the private communicator's gathers."""
-    with _lock:
-        stream = _comm_streams.get(device.index)
-        if stream is None:
-            stream = _comm_streams[device.index] = torch.cuda.Stream(device=device)
-        return stream
-
-
-def destroy_communicators() -> None:
-    """ncclCommDestroy every cached communicator (idempotent). Call before destroying groups."""
-    with _lock:
-        comms = list(_communicators.values())
-        _communicators.clear()
-    for comm in comms:
-        comm.destroy()

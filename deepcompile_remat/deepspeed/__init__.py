@@ -3,7 +3,7 @@
     engine, *_ = deepcompile_remat.deepspeed.initialize(model=model, optimizer=opt,
                                                         config="configs/zero3_remat.json")
 
-config.py      the "deepcompile_remat" block: config_from_deepspeed, block_from_deepspeed
+config.py      the "deepcompile_remat" block -> RematConfig: config_from_deepspeed; load()
 engine.py      initialize(): deepspeed.initialize, then the takeover when the block is enabled;
                install() / uninstall(): every caller of deepspeed.initialize gets ours
 takeover.py    ZeRO-3 parameters as our traced gathers, gradients into DeepSpeed's partitions
@@ -13,14 +13,7 @@ _ds_internals.py  every private DeepSpeed attribute used, in one place (deepspee
 Only engine.py/takeover.py/deepcompile.py import deepspeed, and only when called: reading a
 config block needs no DeepSpeed installed.
 """
-from deepcompile_remat.deepspeed.config import (
-    BLOCK,
-    DeepSpeedBlock,
-    block_from_deepspeed,
-    config_from_deepspeed,
-    valid_keys,
-)
+from deepcompile_remat.deepspeed.config import BLOCK, config_from_deepspeed
 from deepcompile_remat.deepspeed.engine import initialize, install, installed, uninstall
 
-__all__ = ["BLOCK", "DeepSpeedBlock", "block_from_deepspeed", "config_from_deepspeed",
-           "initialize", "install", "installed", "uninstall", "valid_keys"]
+__all__ = ["BLOCK", "config_from_deepspeed", "initialize", "install", "installed", "uninstall"]

@@ -4,9 +4,10 @@ DeepSpeed does.
     {"zero_optimization": {"stage": 3, ...}, "bf16": {"enabled": true},
      "deepcompile_remat": {"enabled": true, "backend": "inductor", "policy": "conservative"}}
 
-Its keys are the RematConfig fields plus "backend" (the torch.compile backend the DeepSpeed
-takeover compiles the module with: "inductor" or "eager"; absent: "inductor", or what
-engine.compile(backend=...) asks for). Absent block or "enabled": false -> the product is off:
+Its keys are the RematConfig fields, "backend" among them (the torch.compile backend the
+DeepSpeed takeover compiles the module with: "inductor" or "eager"; absent: "inductor", or what
+engine.compile(backend=...) asks for); the block parses straight into RematConfig, whose one
+validator checks every key. Absent block or "enabled": false -> the product is off:
 RematConfig(enabled=False), and initialize() is plain deepspeed.initialize. Every key is
 validated, even in a disabled block, and an unknown one is an error that names it, the file and
 the valid keys, so a typo never silently changes behaviour.
@@ -23,37 +24,11 @@ import binascii
 import collections
 import json
 import os
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Union
 
-from deepcompile_remat.config import BACKEND_KINDS, RematConfig, field_names
+from deepcompile_remat.config import RematConfig
 
 BLOCK = "deepcompile_remat"
-DEFAULT_BACKEND = "inductor"
-# Keys of the block that are not RematConfig fields.
-_EXTRA_KEYS = ("backend",)
-
-
-@dataclass(frozen=True)
-class DeepSpeedBlock:
-    remat: RematConfig
-    backend_set: Optional[str] = None  # "backend" as the block gives it; None: not given
-
-    @property
-    def enabled(self) -> bool:
-        return self.remat.enabled
-
-    @property
-    def backend(self) -> str:
-        return self.backend_set or DEFAULT_BACKEND
-
-    def as_dict(self) -> dict:
-        """Every setting the block decides, defaults included (what ranks compare)."""
-        return {**self.remat.as_dict(), "backend": self.backend}
-
-
-def valid_keys() -> list:
-    return sorted(field_names() | set(_EXTRA_KEYS))
 
 
 def _reject_duplicate_keys(pairs):
@@ -120,32 +95,15 @@ def load(ds_config: Union[str, os.PathLike, Mapping[str, Any]]) -> tuple:
     return dict(data), where
 
 
-def block_from_deepspeed(ds_config: Union[str, os.PathLike, Mapping[str, Any]]) -> DeepSpeedBlock:
-    """The whole block: the RematConfig and the backend kind."""
-    ds_config, where = load(ds_config)
-    return parse_block(ds_config.get(BLOCK), where=f"{where}: {BLOCK}")
-
-
-def parse_block(block: Any, *, where: str = BLOCK) -> DeepSpeedBlock:
+def parse_block(block: Any, *, where: str = BLOCK) -> RematConfig:
+    """The block's RematConfig; absent (None): the product off (RematConfig.disabled())."""
     if block is None:
-        return DeepSpeedBlock(RematConfig.disabled())
-    if not isinstance(block, Mapping):
-        raise ValueError(f"{where} must be a JSON object, got {type(block).__name__}")
-    known = valid_keys()
-    for key in block:
-        if key not in known:
-            raise ValueError(f"{where}: unknown key {key!r}; valid keys: {known}")
-    backend = block.get("backend")
-    if backend is not None and backend not in BACKEND_KINDS:
-        raise ValueError(f"{where}: backend must be one of {list(BACKEND_KINDS)}, got "
-                         f"{backend!r}")
-    remat = RematConfig.from_dict({k: v for k, v in block.items() if k not in _EXTRA_KEYS},
-                                  where=where)
-    return DeepSpeedBlock(remat, backend)
+        return RematConfig.disabled()
+    return RematConfig.from_dict(block, where=where)
 
 
 def config_from_deepspeed(ds_config: Union[str, os.PathLike, Mapping[str, Any]]) -> RematConfig:
-    """The block's RematConfig, for torch.compile(model, backend=backend(kind, config)).
-    Validated whole (the "backend" key included) even when disabled: a typo must not wait for
-    the day it is switched on."""
-    return block_from_deepspeed(ds_config).remat
+    """The block's RematConfig, for torch.compile(model, backend=backend(config=config)).
+    Validated whole even when disabled: a typo must not wait for the day it is switched on."""
+    ds_config, where = load(ds_config)
+    return parse_block(ds_config.get(BLOCK), where=f"{where}: {BLOCK}")

@@ -8,7 +8,7 @@ then calls
     deepspeed.compile.backend (through get_wrapped_partitioner);
   - inductor backend: inductor's partition_fn, which honours
     ``torch._inductor.config.custom_partitioner_fn``.
-install(engine, block) wraps the backend function engine.compile() gets from DeepCompile so
+install(engine, remat) wraps the backend function engine.compile() gets from DeepCompile so
 that, while it compiles a graph, both point at our min-cut (parameters: the graph inputs that
 are DeepSpeed ZeRO-3 parameters), and are restored afterwards: nothing leaks into other
 compilations in the process.
@@ -55,5 +55,6 @@ def wrap_backend(backend_fn, remat):
     return backend_with_our_partitioner
 
 
-def install(engine, block) -> None:
-    ds.wrap_deepcompile_backend(engine, lambda fn: wrap_backend(fn, block.remat))
+def install(engine, remat) -> None:
+    """Makes the backend engine.compile() gets from DeepCompile partition with ours (remat)."""
+    ds.wrap_deepcompile_backend(engine, lambda fn: wrap_backend(fn, remat))

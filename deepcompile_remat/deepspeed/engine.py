@@ -30,8 +30,8 @@ import logging
 import sys
 from typing import Any, Callable, Mapping, Optional
 
-from deepcompile_remat.config import check_ranks_agree
-from deepcompile_remat.deepspeed.config import BLOCK, DeepSpeedBlock, load, parse_block
+from deepcompile_remat.config import RematConfig, check_ranks_agree
+from deepcompile_remat.deepspeed.config import BLOCK, load, parse_block
 
 log = logging.getLogger(__name__)
 _stock: dict = {}  # "initialize": DeepSpeed's own deepspeed.initialize, once seen
@@ -119,11 +119,12 @@ def _enabled(section: Any) -> Any:
     return section.get("enabled") if isinstance(section, Mapping) else section
 
 
-def effective_settings(cfg: Mapping[str, Any], block: DeepSpeedBlock) -> dict:
-    """What every rank must agree on: the block with its defaults, and the DeepSpeed settings
-    that decide what the takeover does (stage, precision, DeepCompile)."""
+def effective_settings(cfg: Mapping[str, Any], remat: RematConfig) -> dict:
+    """What every rank must agree on: the block's RematConfig, every field with its default
+    (backend included), and the DeepSpeed settings that decide what the takeover does (stage,
+    precision, DeepCompile)."""
     compile_cfg = cfg.get("compile")
-    return {**{f"{BLOCK}.{k}": v for k, v in block.as_dict().items()},
+    return {**{f"{BLOCK}.{k}": v for k, v in remat.as_dict().items()},
             "zero_optimization.stage": _stage(cfg),
             "bf16.enabled": _enabled(cfg.get("bf16")),
             "fp16.enabled": _enabled(cfg.get("fp16")),
@@ -159,9 +160,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if value is None:  # deepspeed's own error
         return stock(**kwargs)
     cfg, where = load(value)
-    block = parse_block(cfg.get(BLOCK), where=f"{where}: {BLOCK}")
+    remat = parse_block(cfg.get(BLOCK), where=f"{where}: {BLOCK}")
     # This rank's own checks first: a rank that fails here exits, and the launcher ends the rest.
-    deepcompile_on = block.enabled and _check_enabled_config(cfg, where)
+    deepcompile_on = remat.enabled and _check_enabled_config(cfg, where)
     if deepcompile_on:
         import torch
 
@@ -172,8 +173,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # Then every rank's view of the config, before any rank builds an engine from it.
     if dist_init_required is not False:
         _init_distributed(distributed_port, dist_init_required)
-    check_ranks_agree(effective_settings(cfg, block), where)
-    if not block.enabled:
+    check_ranks_agree(effective_settings(cfg, remat), where)
+    if not remat.enabled:
         return stock(**kwargs)
 
     # DeepSpeed accepts the unknown top-level block silently today; it is ours, not its.
@@ -184,27 +185,27 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         kwargs["args"].deepspeed_config = None
     result = stock(**kwargs)
     engine = result[0]
-    _attach(engine, block, deepcompile_on)
+    _attach(engine, remat, deepcompile_on)
     return result
 
 
 initialize._dcr_initialize = True  # how install()/stock_initialize() recognise ours
 
 
-def _attach(engine, block: DeepSpeedBlock, deepcompile_on: bool) -> None:
+def _attach(engine, remat: RematConfig, deepcompile_on: bool) -> None:
     from deepcompile_remat.deepspeed import _ds_internals
 
     _ds_internals.warn_if_other_version()  # the stage was checked in the config it was built from
     if deepcompile_on:
         from deepcompile_remat.deepspeed import deepcompile
 
-        deepcompile.install(engine, block)
-        engine.compile(backend=block.backend)
+        deepcompile.install(engine, remat)
+        engine.compile(backend=remat.backend_kind)
         engine.dcr_takeover = None
         return
     from deepcompile_remat.deepspeed.takeover import take_over
 
-    engine.dcr_takeover = take_over(engine, block)
+    engine.dcr_takeover = take_over(engine, remat)
 
 
 def requested_kind(backend: Any) -> Optional[str]:

@@ -1,4 +1,4 @@
-"""take_over(engine, block): a stock DeepSpeed ZeRO-3 engine, parameters handled by us.
+"""take_over(engine, remat): a stock DeepSpeed ZeRO-3 engine, parameters handled by us.
 
 After deepspeed.initialize every parameter is a DeepSpeed ZeRO-3 parameter: an empty
 placeholder whose rank-local slice lives in ``param.ds_tensor`` (1-D, padded, in the dtype
@@ -31,24 +31,25 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from deepcompile_remat.config import RematConfig
 from deepcompile_remat.deepspeed import _ds_internals as ds
-from deepcompile_remat.deepspeed.config import DeepSpeedBlock
-from deepcompile_remat.zero3.shard import ShardSpec, gather, sharded_class
+from deepcompile_remat.zero3.shard import ShardSpec, attach_specs, gather, sharded_class, specs_of
 
 log = logging.getLogger(__name__)
+# The shard leaves each module gathers from (name -> leaf); _parameters keeps DeepSpeed's own.
 _LEAVES_ATTR = "_dcr_ds_leaves"
-_SPECS_ATTR = "_dcr_ds_specs"
 
 
 def _gathered(module: nn.Module, name: str) -> torch.Tensor:
-    return gather(getattr(module, _LEAVES_ATTR)[name], getattr(module, _SPECS_ATTR)[name])
+    """The full parameter `name` of a taken-over module: its shard leaf, gathered."""
+    return gather(getattr(module, _LEAVES_ATTR)[name], specs_of(module)[name])
 
 
 @dataclass
 class Takeover:
     """What initialize() attached to the engine (engine.dcr_takeover)."""
 
-    block: DeepSpeedBlock
+    remat: RematConfig
     kind: str = ""  # the backend kind the module's forward is compiled with now
     leaves: list = field(default_factory=list)  # (DeepSpeed parameter, shard leaf)
     written: set = field(default_factory=set)  # ds_ids whose slot this micro-batch has written
@@ -119,11 +120,11 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
     return hook
 
 
-def _engine_compile(takeover: Takeover, block: DeepSpeedBlock, compile_forward):
+def _engine_compile(takeover: Takeover, remat: RematConfig, compile_forward):
     """engine.compile on a taken-over engine (what Trainer/Accelerate call for torch_compile):
     the module is compiled already, with our backend. A request for another backend is
-    honoured when the block leaves "backend" unset and ours has that kind; otherwise it is
-    refused with a warning that says which backend runs and why."""
+    honoured when the block leaves "backend" unset (remat.backend is None) and ours has that
+    kind; otherwise it is refused with a warning that says which backend runs and why."""
 
     def compile(backend=None, compile_kwargs=None, **_ignored):  # noqa: A001
         from deepcompile_remat.deepspeed.engine import requested_kind
@@ -132,11 +133,11 @@ def _engine_compile(takeover: Takeover, block: DeepSpeedBlock, compile_forward):
         if kind == takeover.kind:
             log.info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
                      "with deepcompile_remat's %s backend already", backend, kind)
-        elif block.backend_set is not None:
+        elif remat.backend is not None:
             log.warning("deepcompile_remat: engine.compile(backend=%r) not honoured: the "
                         "\"deepcompile_remat\" block sets \"backend\": %r, which compiles the "
                         "module (remove it from the block to let engine.compile choose)",
-                        backend, block.backend_set)
+                        backend, remat.backend)
         elif kind is None:
             log.warning("deepcompile_remat: engine.compile(backend=%r) not honoured: "
                         "deepcompile_remat compiles the module with its own partitioner, on "
@@ -153,7 +154,9 @@ def _engine_compile(takeover: Takeover, block: DeepSpeedBlock, compile_forward):
     return compile
 
 
-def take_over(engine, block: DeepSpeedBlock) -> Takeover:
+def take_over(engine, remat: RematConfig) -> Takeover:
+    """Puts a stock ZeRO-3 engine's parameters under our traced gathers and compiles its
+    module's forward with our backend (module docstring); returns what was attached."""
     from deepcompile_remat.backends import backend
 
     check_supported(engine)
@@ -166,7 +169,7 @@ def take_over(engine, block: DeepSpeedBlock) -> Takeover:
     ds.release_gathered_parameters(engine)
     released = ds.release_reduce_buckets(optimizer)
 
-    takeover = Takeover(block)
+    takeover = Takeover(remat)
     leaves: dict = {}
     for mod in module.modules():
         names = tuple(n for n, p in mod._parameters.items() if p is not None)
@@ -185,7 +188,7 @@ def take_over(engine, block: DeepSpeedBlock) -> Takeover:
                         _grad_hook(takeover, optimizer, p, spec)))
             mod_leaves[n], specs[n] = leaves[id(p)], spec
         object.__setattr__(mod, _LEAVES_ATTR, mod_leaves)
-        object.__setattr__(mod, _SPECS_ATTR, specs)
+        attach_specs(mod, specs)
         mod.__class__ = sharded_class(type(mod), names, _gathered)
 
     def before_forward(_module, _args):
@@ -197,12 +200,12 @@ def take_over(engine, block: DeepSpeedBlock) -> Takeover:
     forward = module.forward
 
     def compile_forward(kind: str) -> None:
-        module.forward = torch.compile(forward, backend=backend(kind, block.remat))
+        module.forward = torch.compile(forward, backend=backend(kind, remat))
         takeover.kind = kind
 
-    compile_forward(block.backend)
-    engine.compile = _engine_compile(takeover, block, compile_forward)
+    compile_forward(remat.backend_kind)
+    engine.compile = _engine_compile(takeover, remat, compile_forward)
     log.info("deepcompile_remat: took over %d DeepSpeed ZeRO-3 parameters (backend %s); "
              "released %.1f MB of DeepSpeed's unused gradient reduce buckets",
-             len(takeover.leaves), block.backend, released / 2**20)
+             len(takeover.leaves), takeover.kind, released / 2**20)
     return takeover

@@ -1,8 +1,7 @@
 """Which forward values the backward keeps (FX bridge over csrc/partition)."""
 from deepcompile_remat.partition.partitioner import (
     PartitionConflictError,
-    make_partition_fn,
-    partition_fn,
+    build_partition_fn,
     partition_joint_graph,
 )
 from deepcompile_remat.partition.report import (

@@ -1,5 +1,6 @@
-"""partition_fn: AOTAutograd's partition contract, decided by the C++ min-cut.
+"""build_partition_fn: AOTAutograd's partition contract, decided by the C++ min-cut.
 
+    partition_fn = build_partition_fn(config, hooks=...)
     fw_module, bw_module = partition_fn(joint_module, joint_inputs, num_fwd_outputs=k)
 
 Steps: clean the joint graph (DCE, CSE, hooks' joint rewrites, torch's force-save rules for
@@ -221,19 +222,18 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
     return fw_module, bw_module
 
 
-def make_partition_fn(
-    config: Optional[RematConfig] = None,
+def build_partition_fn(
+    config: RematConfig,
     *,
     parameter_indices: Optional[Sequence[int]] = None,
     num_graph_inputs: Optional[int] = None,
     hooks: Sequence[PartitionHook] = (),
 ) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
-    """A partition function with AOTAutograd's contract, bound to `config`. parameter_indices
-    (default: config.parameter_indices, else AOTAutograd's static-lifetime inputs) count the
-    num_graph_inputs inputs a backend saw; hooks add graph passes; see partition_joint_graph."""
-    config = config if config is not None else RematConfig()
-    if not isinstance(config, RematConfig):
-        raise TypeError(f"config must be a RematConfig, got {type(config).__name__}")
+    """Our min-cut partition function with AOTAutograd's contract, bound to `config`; it runs
+    whatever config.enabled says (the off switch is deepcompile_remat.make_partition_fn's,
+    which callers use). parameter_indices (default: config.parameter_indices, else
+    AOTAutograd's static-lifetime inputs) count the num_graph_inputs inputs a backend saw;
+    hooks add graph passes; see partition_joint_graph."""
 
     def partition_fn(joint_module, joint_inputs, *, num_fwd_outputs,
                      static_lifetime_input_indices=None, **_unused):
@@ -243,10 +243,3 @@ def make_partition_fn(
             parameter_indices=parameter_indices, num_graph_inputs=num_graph_inputs, hooks=hooks)
 
     return partition_fn
-
-
-def partition_fn(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
-    """The default partition function (RematConfig(), no hooks): drop-in for AOTAutograd.
-    deepcompile_remat.partition_fn is the same with the ZeRO-3 passes plugged in."""
-    return make_partition_fn()(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
-                               **kwargs)

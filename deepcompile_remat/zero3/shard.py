@@ -54,15 +54,32 @@ class ShardSpec:
 
 
 log = logging.getLogger(__name__)
-_SPECS_ATTR = "_dcr_shard_specs"
+_SPECS_ATTR = "_dcr_shard_specs"  # set by attach_specs only
 _HOOKS_ATTR = "_dcr_state_dict_hooks"
 _sharded_classes: dict = {}
+
+
+def attach_specs(module: nn.Module, specs: dict) -> None:
+    """Wires `module`'s sharded parameters to it: name -> ShardSpec. The one place either
+    owner of shards (zero3.shard, the DeepSpeed takeover) records which attributes are
+    gathers and how; read back with specs_of."""
+    object.__setattr__(module, _SPECS_ATTR, specs)
+
+
+def specs_of(module: nn.Module) -> dict:
+    """name -> ShardSpec of `module`'s own sharded parameters ({} when it has none). The dict
+    itself, not a copy: tying a parameter updates it in place."""
+    return getattr(module, _SPECS_ATTR, {})
+
+
+def _detach_specs(module: nn.Module) -> None:
+    delattr(module, _SPECS_ATTR)
 
 
 def _gathered(module: nn.Module, name: str, compute: bool = False) -> torch.Tensor:
     """The full parameter; compute=True: in the dtype forward code computes with (param_dtype),
     else in the shard's own (state_dict, gathered_parameters)."""
-    spec: ShardSpec = getattr(module, _SPECS_ATTR)[name]
+    spec: ShardSpec = specs_of(module)[name]
     shard = module._parameters[name]
     if shard is None or shard.dim() != 1 or shard.numel() != spec.shard_numel:
         got = None if shard is None else tuple(shard.shape)
@@ -97,14 +114,14 @@ def _assign_parameter(module: nn.Module, name: str, value) -> None:
     gathered_parameters, since each rank holds only its slice."""
     if isinstance(value, GatheredCopy):
         src_module, src_name = value._dcr_source
-        src_spec = getattr(src_module, _SPECS_ATTR)[src_name]
-        if src_spec.shape != getattr(module, _SPECS_ATTR)[name].shape:
+        src_spec = specs_of(src_module)[src_name]
+        if src_spec.shape != specs_of(module)[name].shape:
             raise ValueError(
                 f"deepcompile_remat.zero3: cannot tie {name!r} (shape "
-                f"{getattr(module, _SPECS_ATTR)[name].shape}) to {src_name!r} (shape "
+                f"{specs_of(module)[name].shape}) to {src_name!r} (shape "
                 f"{src_spec.shape}): shapes differ")
         module._parameters[name] = src_module._parameters[src_name]
-        getattr(module, _SPECS_ATTR)[name] = src_spec
+        specs_of(module)[name] = src_spec
         return
     raise ValueError(
         f"deepcompile_remat.zero3: cannot assign a {type(value).__name__} to "
@@ -114,7 +131,7 @@ def _assign_parameter(module: nn.Module, name: str, value) -> None:
 
 
 def _sharded_setattr(self, name, value):
-    if name in getattr(self, _SPECS_ATTR, ()):
+    if name in specs_of(self):
         _assign_parameter(self, name, value)
     else:
         super(type(self), self).__setattr__(name, value)
@@ -131,6 +148,7 @@ def sharded_class(cls: type, names: tuple, getter=None) -> type:
         if getter is None:
             attrs["__setattr__"] = _sharded_setattr
         attrs["_dcr_unsharded_class"] = cls
+        attrs["_dcr_sharded_by_shard"] = getter is None  # else another owner (the takeover)
         _sharded_classes[key] = type(f"Sharded{cls.__name__}", (cls,), attrs)
     return _sharded_classes[key]
 
@@ -194,7 +212,9 @@ def _check_ranks_agree(module: nn.Module, group) -> None:
 
 
 def is_sharded(module: nn.Module) -> bool:
-    return any(hasattr(m, _SPECS_ATTR) for m in module.modules())
+    """Whether any submodule has sharded parameters (by zero3.shard or the DeepSpeed
+    takeover)."""
+    return any(specs_of(m) for m in module.modules())
 
 
 def _check_group_is_data_parallel(group, group_is_data_parallel: bool) -> None:
@@ -303,7 +323,7 @@ def _shard_modules(module: nn.Module, group, reuse: dict,
             specs[name] = ShardSpec(tuple(p.shape), p.numel(), shard_numel, world, rank,
                                     group.group_name, compute)
             mod._parameters[name] = shards[id(p)]
-        object.__setattr__(mod, _SPECS_ATTR, specs)
+        attach_specs(mod, specs)
         mod.__class__ = sharded_class(type(mod), names)
         object.__setattr__(mod, _HOOKS_ATTR, (
             mod._register_state_dict_hook(_state_dict_full),
@@ -317,8 +337,8 @@ def _unshard_modules(module: nn.Module) -> dict:
     full_of: dict[int, nn.Parameter] = {}
     shard_of: dict[int, nn.Parameter] = {}
     for mod in module.modules():
-        specs = getattr(mod, _SPECS_ATTR, None)
-        if specs is None:
+        specs = specs_of(mod)
+        if not specs:
             continue
         for name in specs:
             shard = mod._parameters[name]
@@ -332,14 +352,14 @@ def _unshard_modules(module: nn.Module) -> dict:
         for handle in getattr(mod, _HOOKS_ATTR):
             handle.remove()
         mod.__class__ = type(mod)._dcr_unsharded_class
-        delattr(mod, _SPECS_ATTR)
+        _detach_specs(mod)
         delattr(mod, _HOOKS_ATTR)
     return shard_of
 
 
 def _group_of(module: nn.Module):
     names = {spec.group_name for m in module.modules()
-             for spec in getattr(m, _SPECS_ATTR, {}).values()}
+             for spec in specs_of(m).values()}
     if len(names) != 1:
         raise ValueError(f"deepcompile_remat.zero3: expected parameters sharded over one "
                          f"process group, found {len(names)}")
@@ -373,6 +393,14 @@ def gathered_parameters(module: nn.Module, modifier_rank: Optional[int] = None):
     A parameter whose shape and dtype did not change is written back into its old shard
     object, so optimizers built before keep working; a new or reshaped parameter gets a new
     shard (build the optimizer after)."""
+    foreign = sorted({type(m)._dcr_unsharded_class.__name__ for m in module.modules()
+                      if specs_of(m) and not type(m)._dcr_sharded_by_shard})
+    if foreign:
+        raise ValueError(
+            f"deepcompile_remat.zero3.gathered_parameters: the parameters of {foreign} were not "
+            f"sharded by zero3.shard() (a DeepSpeed engine taken over by "
+            f"deepcompile_remat.deepspeed keeps DeepSpeed's own parameters); it works on "
+            f"modules sharded by zero3.shard() only")
     group = _group_of(module)
     param_dtype = _param_dtype_of(module)
     shard_of = _unshard_modules(module)
@@ -400,12 +428,12 @@ def gathered_parameters(module: nn.Module, modifier_rank: Optional[int] = None):
 def _param_dtype_of(module: nn.Module) -> Optional[torch.dtype]:
     """The param_dtype the module was sharded with (None: none)."""
     dtypes = {spec.compute_dtype for m in module.modules()
-              for spec in getattr(m, _SPECS_ATTR, {}).values() if spec.compute_dtype is not None}
+              for spec in specs_of(m).values() if spec.compute_dtype is not None}
     return dtypes.pop() if dtypes else None
 
 
 def _state_dict_full(mod, state_dict, prefix, local_metadata):
-    for name, spec in getattr(mod, _SPECS_ATTR).items():
+    for name, spec in specs_of(mod).items():
         key = prefix + name
         if key in state_dict:
             state_dict[key] = _gathered(mod, name).detach().clone()
@@ -413,7 +441,7 @@ def _state_dict_full(mod, state_dict, prefix, local_metadata):
 
 
 def _load_full(mod, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
-    for name, spec in getattr(mod, _SPECS_ATTR).items():
+    for name, spec in specs_of(mod).items():
         key = prefix + name
         if key not in state_dict:
             continue

@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from deepcompile_remat.harness.ranks import RanksTimedOut, free_port, spawn_for_rows
 from deepcompile_remat.zero3.custom_ops import resolve_group
+from deepcompile_remat.zero3.shard import specs_of
 
 
 def _entry(rank, world, port, fn, args, backend="gloo"):
@@ -45,7 +46,7 @@ def full_grads(model) -> dict:
     """name -> the full gradient of each sharded parameter, gathered from every rank."""
     out = {}
     for mod_name, mod in model.named_modules():
-        for name, spec in getattr(mod, "_dcr_shard_specs", {}).items():
+        for name, spec in specs_of(mod).items():
             g = mod._parameters[name].grad
             parts = [torch.zeros_like(g) for _ in range(spec.world_size)]
             dist.all_gather(parts, g, group=resolve_group(spec.group_name))

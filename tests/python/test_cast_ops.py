@@ -139,7 +139,6 @@ def _worker(rank, world, init_file, backend, results):
     except Exception as e:  # reported to the parent
         results[rank] = repr(e)
     finally:
-        comm.destroy_communicators()
         dist.destroy_process_group()
 
 

@@ -1,13 +1,11 @@
-"""allgather_cast on one GPU: the benchmark's private NCCL communicator, no allocation beyond
-the outputs, the cast on the caller's current stream, under the shards' device. Skipped without
-a CUDA device; run on the GPU machine by scripts/gpu_check.sh. The collective logic of the NCCL
-path is tested on CPU (test_nccl_path.py)."""
+"""comm.cast_and_gather on one GPU: no allocation beyond the outputs, the cast on the caller's current
+stream, under the shards' device. Skipped without a CUDA device; run on the GPU machine by
+scripts/gpu_check.sh. The collective logic of the NCCL path is tested on CPU
+(test_nccl_path.py)."""
 import pytest
 import torch
-import torch.distributed as dist
 
 from deepcompile_remat import comm
-from deepcompile_remat.harness.ranks import free_port
 from deepcompile_remat.comm import cuda_module
 from test_cast_ops import DTYPES, nasty_fp32, same_bits
 
@@ -15,43 +13,6 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU spin: long enough for a missing wait to show
-
-
-@pytest.fixture
-def nccl_world_one():
-    if not comm.cuda_available():
-        pytest.fail(f"CUDA device present but _cuda not built: {comm.cuda_build_info()}")
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1, device_id=torch.device("cuda", 0))
-    yield
-    comm.destroy_communicators()
-    dist.destroy_process_group()
-
-
-@pytest.mark.parametrize("dtype", DTYPES + [None])
-def test_nccl_communicator_path_bit_identical(nccl_world_one, dtype):
-    """The private communicator benchmarks/bench_allgather_cast.py times against the runtime's
-    path (created from the process group, grouped in-place allgather, destroyed)."""
-    device = torch.device("cuda", 0)
-    shards = [nasty_fp32(n, seed=n).cuda() for n in (1, 5, 4099, 1 << 18)]
-    out_dtype = torch.float32 if dtype is None else dtype
-    outs = [torch.empty(s.numel(), dtype=out_dtype, device=device) for s in shards]
-    comm = cuda_module.communicator(dist.group.WORLD, device)
-    assert (comm.world_size, comm.rank) == (1, 0)
-    assert cuda_module.communicator(dist.group.WORLD, device) is comm  # cached per group
-    option = comm.torch_nan_option("cuda", dtype) if dtype is not None else None
-    fill = "copy" if dtype is None else str(dtype).split(".")[1]
-    compute = torch.cuda.current_stream(device)
-    side = cuda_module.comm_stream(device)
-    event = comm.cast_and_gather(
-        [s.data_ptr() for s in shards], [o.data_ptr() for o in outs], [s.numel() for s in shards],
-        fill, outs[0].element_size(), option.nan_mode if option else "quiet",
-        option.canonical_nan if option else 0, compute.cuda_stream, side.cuda_stream)
-    event.wait(compute.cuda_stream)
-    for s, o in zip(shards, outs):
-        assert same_bits(o, s if dtype is None else s.to(dtype))
-    comm.destroy_communicators()
-    assert comm.destroyed
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -164,17 +164,18 @@ def test_checkpoint_round_trip_resumes_with_the_same_losses(tmp_path):
 def test_unknown_key_lists_the_valid_keys():
     """Silent bug guarded: a misspelt key (or a backend typo) ignored, so the run is not what the
     config says."""
-    from deepcompile_remat.deepspeed import initialize, valid_keys
+    from deepcompile_remat.config import field_names
+    from deepcompile_remat.deepspeed import initialize
 
     cfg = _config("bf16", True)
     cfg["deepcompile_remat"]["polcy"] = "aggressive"
     with pytest.raises(ValueError, match=r"deepcompile_remat: unknown key 'polcy'; valid keys: "
                                          r"\[.*'backend'.*'policy'.*\]"):
         initialize(model=GPT(), config=cfg)
-    assert "backend" in valid_keys() and "policy" in valid_keys()
+    assert "backend" in field_names() and "policy" in field_names()
     cfg = _config("bf16", True, "tensorrt")
-    with pytest.raises(ValueError, match=r"backend must be one of \['eager', 'inductor'\], got "
-                                         r"'tensorrt'"):
+    with pytest.raises(ValueError, match=r"RematConfig.backend must be one of \['eager', "
+                                         r"'inductor'\] or null, got 'tensorrt'"):
         initialize(model=GPT(), config=cfg)
     cfg = _config("bf16", False)  # disabled blocks are validated too
     cfg["deepcompile_remat"]["bakend"] = "eager"
@@ -228,7 +229,7 @@ def test_configs_are_read_as_deepspeed_reads_them(tmp_path):
 
     from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
 
-    from deepcompile_remat.deepspeed import block_from_deepspeed, initialize
+    from deepcompile_remat.deepspeed import config_from_deepspeed, initialize
     from deepcompile_remat.deepspeed.config import load
 
     hjson_file = tmp_path / "ds.hjson"
@@ -237,8 +238,8 @@ def test_configs_are_read_as_deepspeed_reads_them(tmp_path):
     for source in (str(hjson_file), as_base64):
         cfg, _ = load(source)
         assert cfg == load_ds_config(source)  # DeepSpeed's own reader agrees
-        block = block_from_deepspeed(source)
-        assert block.enabled and block.backend == "eager"
+        remat = config_from_deepspeed(source)
+        assert remat.enabled and remat.backend == "eager"
 
     duplicated = tmp_path / "dup.json"
     duplicated.write_text('{"train_micro_batch_size_per_gpu": 1, "train_micro_batch_size_per_gpu":'
@@ -263,7 +264,7 @@ def test_configs_are_read_as_deepspeed_reads_them(tmp_path):
 def test_bad_values_in_the_block_name_the_key():
     """Silent bugs guarded: JSON true taken as 1 byte of bucket, NaN or Infinity accepted as a
     prefetch budget (every comparison with it false), keep_reports=true keeping one report."""
-    from deepcompile_remat.deepspeed import block_from_deepspeed
+    from deepcompile_remat.deepspeed import config_from_deepspeed
 
     for key, value, why in [("bucket_bytes", True, "must be an integer, got True"),
                             ("prefetch_budget_bytes", float("nan"), "must be a finite number, got nan"),
@@ -273,7 +274,7 @@ def test_bad_values_in_the_block_name_the_key():
                             ("max_prefetch", -1, "must be >= 0"),
                             ("cse", 1, "must be true or false, got 1")]:
         with pytest.raises(ValueError, match=rf"deepcompile_remat: RematConfig.{key} {why}"):
-            block_from_deepspeed({"deepcompile_remat": {"enabled": True, key: value}})
+            config_from_deepspeed({"deepcompile_remat": {"enabled": True, key: value}})
 
 
 def _ranks_disagree(rank, world):
