@@ -66,6 +66,13 @@ class RematConfig:
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = field(default=1000, metadata={"min": 0})
     """How many PartitionReports this process keeps (oldest dropped first)."""
+    memory_budget: Optional[float] = field(default=None, metadata={"min": 0})
+    """Memory-budget mode (partition/budget.py): None (default) is the ordinary cut. A number
+    <= 1 is a fraction of the bytes the ordinary cut saves (1.0: as much as it, 0.5: half);
+    a number > 1 is bytes per joint graph. The cut then recomputes whatever costs the fewest
+    flops while the saved bytes stay within the budget, always with the ZeRO-3 marking and
+    the RNG rules. A budget below the smallest any legal cut reaches raises
+    BudgetInfeasibleError naming that smallest one."""
     backend: Optional[BackendKind] = None
     """The torch.compile backend kind: "inductor" or "eager" (AOTAutograd, the partitioned FX
     graphs run as they are). None: not fixed here; "inductor" unless the caller picks one
@@ -165,6 +172,8 @@ def _checked(f: dataclasses.Field, hint, value):
             raise ValueError(f"{name} must be a number, got {value!r}")
         if not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if value < f.metadata.get("min", -math.inf):
+            raise ValueError(f"{name} must be >= {f.metadata['min']}, got {value!r}")
         return float(value)
     if typing.get_origin(hint) is tuple and typing.get_args(hint) == (int, ...):
         if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
