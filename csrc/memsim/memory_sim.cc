@@ -4,10 +4,41 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace dcr {
 
+void MemoryGraph::Validate() const {
+  const size_t n = static_cast<size_t>(num_nodes);
+  if (num_nodes < 0) throw std::invalid_argument("num_nodes must be >= 0");
+  const std::pair<const char*, size_t> per_node[] = {
+      {"bytes", bytes.size},           {"alias_of", alias_of.size}, {"is_input", is_input.size},
+      {"persistent", persistent.size}, {"keep", keep.size}};
+  for (const auto& [name, size] : per_node) {
+    if (size != n) {
+      throw std::invalid_argument(std::string(name) + " has " + std::to_string(size) +
+                                  " entries, expected one per node (" + std::to_string(n) + ")");
+    }
+  }
+  if (edge_tails.size != edge_heads.size) {
+    throw std::invalid_argument("edge_tails and edge_heads have different lengths");
+  }
+  for (size_t i = 0; i < edge_tails.size; ++i) {
+    if (edge_tails[i] < 0 || edge_tails[i] >= num_nodes || edge_heads[i] < 0 ||
+        edge_heads[i] >= num_nodes) {
+      throw std::invalid_argument("edge " + std::to_string(i) + " has a node id out of range");
+    }
+  }
+  for (int64_t v = 0; v < num_nodes; ++v) {
+    if (alias_of[v] < -1 || alias_of[v] >= v) {
+      throw std::invalid_argument("alias_of[" + std::to_string(v) +
+                                  "] must be an earlier node or -1");
+    }
+  }
+}
+
 MemoryTimeline SimulateMemory(const MemoryGraph& g, Span<int64_t> order) {
+  g.Validate();
   const int64_t n = g.num_nodes;
   auto root = [&](int64_t v) {
     while (g.alias_of[v] >= 0) v = g.alias_of[v];

@@ -27,6 +27,11 @@ struct MemoryGraph {
   Span<uint8_t> keep;        // never freed (graph outputs)
   Span<int64_t> edge_tails;  // producer
   Span<int64_t> edge_heads;  // consumer
+
+  // Throws std::invalid_argument naming the array (and index) at fault unless: every per-node
+  // array has num_nodes entries, edge_tails and edge_heads have equal lengths and hold node ids
+  // in range, and alias_of[v] is -1 or an earlier node (so alias chains end). O(n + m).
+  void Validate() const;
 };
 
 struct MemoryTimeline {
@@ -35,8 +40,8 @@ struct MemoryTimeline {
   std::vector<double> live_after;    // live bytes after each step
 };
 
-// `order` must list every non-input node exactly once, producers before consumers
-// (std::invalid_argument otherwise, naming the step).
+// Validates `g` (MemoryGraph::Validate). `order` must list every non-input node exactly once,
+// producers before consumers (std::invalid_argument otherwise, naming the step).
 MemoryTimeline SimulateMemory(const MemoryGraph& g, Span<int64_t> order);
 
 }  // namespace dcr

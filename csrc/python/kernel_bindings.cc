@@ -1,51 +1,25 @@
-// Bindings of the CPU kernels (csrc/kernels). Thin: validate the numpy arrays (dtype, C order,
-// writable destination, bounds), then call the kernel on their data pointers with the GIL
-// released. Arrays are never converted or copied: a silent copy of the destination would lose
-// the result, so anything but the exact layout is a TypeError/ValueError.
+// Bindings of the CPU kernels (csrc/kernels). Thin: check that each numpy array has the exact
+// layout (dtype, C order, writable destination), hand its pointer and size to the checked
+// constructors of kernels/cast_options.h (every other rule lives there), and call the kernel
+// with the GIL released. Arrays are never converted or copied: a silent copy of the destination
+// would lose the result, so anything but the exact layout is a TypeError/ValueError.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/cast.h"
+#include "kernels/cast_options.h"
 
 namespace py = pybind11;
 
 namespace dcr::python {
 namespace {
 
-HalfType ParseHalfType(const std::string& dtype) {
-  if (dtype == "bfloat16") return HalfType::kBFloat16;
-  if (dtype == "float16") return HalfType::kFloat16;
-  throw py::value_error("dtype must be 'bfloat16' or 'float16', got '" + dtype + "'");
-}
-
-CastOptions ParseOptions(HalfType type, const std::string& nan_mode, py::object canonical_nan) {
-  CastOptions o = DefaultCastOptions(type);
-  if (nan_mode == "quiet") {
-    o.nan_mode = NanMode::kQuiet;
-  } else if (nan_mode == "canonical") {
-    o.nan_mode = NanMode::kCanonical;
-  } else if (nan_mode != "default") {
-    throw py::value_error("nan_mode must be 'default', 'quiet' or 'canonical'");
-  }
-  if (!canonical_nan.is_none()) {
-    const int64_t v = canonical_nan.cast<int64_t>();
-    if (v < 0 || v > 0xFFFF) throw py::value_error("canonical_nan must fit in 16 bits");
-    o.canonical_nan = static_cast<uint16_t>(v);
-  }
-  const uint16_t exp_mask = type == HalfType::kBFloat16 ? 0x7F80 : 0x7C00;
-  const uint16_t mant_mask = type == HalfType::kBFloat16 ? 0x007F : 0x03FF;
-  if (o.nan_mode == NanMode::kCanonical &&
-      ((o.canonical_nan & exp_mask) != exp_mask || (o.canonical_nan & mant_mask) == 0)) {
-    throw py::value_error("canonical_nan is not a NaN pattern of the target dtype");
-  }
-  return o;
-}
-
-py::array CheckedArray(const py::object& obj, const char* what) {
+py::array LayoutChecked(const py::object& obj, const char* what) {
   if (!py::isinstance<py::array>(obj)) {
     throw py::type_error(std::string(what) + " must be a numpy array");
   }
@@ -56,33 +30,19 @@ py::array CheckedArray(const py::object& obj, const char* what) {
   return a;
 }
 
-const float* SourcePointer(const py::object& obj) {
-  py::array a = CheckedArray(obj, "src");
+Fp32Buffer SourceBuffer(const py::object& obj) {
+  py::array a = LayoutChecked(obj, "src");
   if (!a.dtype().is(py::dtype::of<float>())) throw py::type_error("src must be float32");
-  return static_cast<const float*>(a.data());
+  return Fp32Buffer{static_cast<const float*>(a.data()), static_cast<size_t>(a.size())};
 }
 
-uint16_t* DestinationPointer(const py::object& obj, size_t* size) {
-  py::array a = CheckedArray(obj, "dst");
+HalfBuffer DestinationBuffer(const py::object& obj) {
+  py::array a = LayoutChecked(obj, "dst");
   if (!a.dtype().is(py::dtype::of<uint16_t>()) && !a.dtype().is(py::dtype::of<int16_t>())) {
     throw py::type_error("dst must be uint16 or int16 (the 16-bit pattern of the output)");
   }
   if (!a.writeable()) throw py::value_error("dst must be writable");
-  *size = static_cast<size_t>(a.size());
-  return static_cast<uint16_t*>(a.mutable_data());
-}
-
-ShardSlot MakeSlot(const py::object& src, const py::object& dst, int64_t offset) {
-  ShardSlot s;
-  s.shard = SourcePointer(src);
-  s.n = static_cast<size_t>(py::reinterpret_borrow<py::array>(src).size());
-  size_t dst_size = 0;
-  s.full_output = DestinationPointer(dst, &dst_size);
-  if (offset < 0 || static_cast<size_t>(offset) > dst_size || s.n > dst_size - offset) {
-    throw py::value_error("slot [offset, offset + len(src)) lies outside dst");
-  }
-  s.slot_offset = static_cast<size_t>(offset);
-  return s;
+  return HalfBuffer{static_cast<uint16_t*>(a.mutable_data()), static_cast<size_t>(a.size())};
 }
 
 }  // namespace
@@ -91,10 +51,10 @@ void BindKernels(py::module_& m) {
   m.def(
       "cast_fp32_into",
       [](const py::object& src, const py::object& dst, int64_t offset, const std::string& dtype,
-         const std::string& nan_mode, py::object canonical_nan) {
+         const std::string& nan_mode, std::optional<int64_t> canonical_nan) {
         const HalfType type = ParseHalfType(dtype);
-        const CastOptions options = ParseOptions(type, nan_mode, canonical_nan);
-        const ShardSlot slot = MakeSlot(src, dst, offset);
+        const CastOptions options = ParseCastOptions(type, nan_mode, canonical_nan);
+        const ShardSlot slot = MakeShardSlot(SourceBuffer(src), DestinationBuffer(dst), offset);
         py::gil_scoped_release release;
         CastShardsIntoSlots(Span<ShardSlot>(&slot, 1), type, options);
       },
@@ -109,17 +69,14 @@ void BindKernels(py::module_& m) {
       "cast_shards_into_slots",
       [](const std::vector<py::object>& srcs, const std::vector<py::object>& dsts,
          const std::vector<int64_t>& offsets, const std::string& dtype,
-         const std::string& nan_mode, py::object canonical_nan) {
-        if (srcs.size() != dsts.size() || srcs.size() != offsets.size()) {
-          throw py::value_error("srcs, dsts and offsets must have the same length");
-        }
+         const std::string& nan_mode, std::optional<int64_t> canonical_nan) {
         const HalfType type = ParseHalfType(dtype);
-        const CastOptions options = ParseOptions(type, nan_mode, canonical_nan);
-        std::vector<ShardSlot> slots;
-        slots.reserve(srcs.size());
-        for (size_t i = 0; i < srcs.size(); ++i) {
-          slots.push_back(MakeSlot(srcs[i], dsts[i], offsets[i]));
-        }
+        const CastOptions options = ParseCastOptions(type, nan_mode, canonical_nan);
+        std::vector<Fp32Buffer> shards;
+        std::vector<HalfBuffer> outputs;
+        for (const py::object& s : srcs) shards.push_back(SourceBuffer(s));
+        for (const py::object& d : dsts) outputs.push_back(DestinationBuffer(d));
+        const std::vector<ShardSlot> slots = MakeShardSlots(shards, outputs, offsets);
         py::gil_scoped_release release;
         CastShardsIntoSlots(Span<ShardSlot>(slots), type, options);
       },

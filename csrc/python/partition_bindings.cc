@@ -1,5 +1,7 @@
-// Binding of the rematerialization partition (csrc/partition). The Python fx bridge
-// (deepcompile_remat/partition/fx_export.py) exports the joint graph as these arrays.
+// Binding of the rematerialization partition (csrc/partition) and the enums of its arrays
+// (csrc/graph/joint_graph.h, NodeInfoBit): Python uses these, never copies of their values. The
+// Python fx bridge (deepcompile_remat/fx_arrays.py, partition/fx_export.py) exports the joint
+// graph as these arrays.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -34,6 +36,48 @@ void BindPartition(py::module_& m) {
   py::enum_<RematPolicy>(m, "RematPolicy")
       .value("conservative", RematPolicy::kConservative)
       .value("aggressive", RematPolicy::kAggressive);
+
+  py::enum_<OpClass>(m, "OpClass", py::arithmetic(), "What kind of op produces a node.")
+      .value("PLACEHOLDER", OpClass::kPlaceholder)
+      .value("VIEW", OpClass::kView)
+      .value("CAST", OpClass::kCast)
+      .value("POINTWISE", OpClass::kPointwise)
+      .value("REDUCTION", OpClass::kReduction)
+      .value("COMPUTE_INTENSIVE", OpClass::kComputeIntensive)
+      .value("RANDOM", OpClass::kRandom)
+      .value("GATHER", OpClass::kGather)
+      .value("GETITEM", OpClass::kGetItem)
+      .value("OTHER", OpClass::kOther);
+
+  py::enum_<NodeFlag>(m, "NodeFlag", py::arithmetic(), "Per-node flag bits (or'ed).")
+      .value("PRIMAL", kPrimal)
+      .value("BACKWARD_INPUT", kBackwardInput)
+      .value("FORWARD_SEED", kForwardSeed)
+      .value("STATIC_INPUT", kStaticInput)
+      .value("PARAMETER", kParameter)
+      .value("NON_TENSOR", kNonTensor)
+      .value("SYM_INT", kSymInt)
+      .value("SYM_FLOAT", kSymFloat)
+      .value("MUST_BE_IN_BACKWARD", kMustBeInBackward)
+      .value("RNG_REPLAYABLE", kRngReplayable);
+
+  py::enum_<RecomputeTag>(m, "RecomputeTag", py::arithmetic(),
+                          "A node's CheckpointPolicy tag (node.meta['recompute']).")
+      .value("NONE", RecomputeTag::kNone)
+      .value("MUST_SAVE", RecomputeTag::kMustSave)
+      .value("PREFER_SAVE", RecomputeTag::kPreferSave)
+      .value("MUST_RECOMPUTE", RecomputeTag::kMustRecompute)
+      .value("PREFER_RECOMPUTE", RecomputeTag::kPreferRecompute);
+
+  py::enum_<NodeInfoBit>(m, "NodeInfoBit", py::arithmetic(),
+                         "Bits of partition_joint_graph's node_info (or'ed).")
+      .value("REQUIRED_FORWARD", kRequiredForward)
+      .value("TANGENT_CLOSURE", kTangentClosure)
+      .value("REQUIRED_BACKWARD", kRequiredBackward)
+      .value("MUST_RECOMPUTE", kMustRecompute)
+      .value("BANNED", kBanned)
+      .value("PARAMETER_ALIAS", kParameterAlias)
+      .value("RECOMPUTE_REQUESTED", kRecomputeRequested);
 
   m.def(
       "partition_joint_graph",

@@ -1,9 +1,12 @@
-// Bindings of the memory simulator and the ZeRO-3 re-gather schedule (csrc/memsim, csrc/schedule).
+// Bindings of the memory simulator, the ZeRO-3 re-gather schedule and the bucketer
+// (csrc/memsim, csrc/schedule). Thin: arrays in as spans, C++ validates and decides (with the
+// GIL released), results out as numpy arrays or a read-only RegatherSchedule.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include "memsim/memory_sim.h"
 #include "python/numpy_span.h"
+#include "schedule/buckets.h"
 #include "schedule/regather_schedule.h"
 
 namespace py = pybind11;
@@ -14,30 +17,12 @@ namespace {
 MemoryGraph MakeMemoryGraph(const F64Array& bytes, const I64Array& alias_of, const U8Array& is_input,
                             const U8Array& persistent, const U8Array& keep, const I64Array& tails,
                             const I64Array& heads) {
-  const size_t n = static_cast<size_t>(bytes.size());
-  for (const auto* a : {&is_input, &persistent, &keep}) {
-    if (static_cast<size_t>(a->size()) != n)
-      throw std::invalid_argument("every per-node array must have len(bytes) entries");
-  }
-  if (static_cast<size_t>(alias_of.size()) != n)
-    throw std::invalid_argument("alias_of must have len(bytes) entries");
-  if (tails.size() != heads.size()) throw std::invalid_argument("edge_tails/edge_heads lengths differ");
-  for (py::ssize_t i = 0; i < tails.size(); ++i) {
-    if (tails.data()[i] < 0 || static_cast<size_t>(tails.data()[i]) >= n ||
-        heads.data()[i] < 0 || static_cast<size_t>(heads.data()[i]) >= n)
-      throw std::invalid_argument("edge " + std::to_string(i) + " has a node id out of range");
-  }
-  for (size_t v = 0; v < n; ++v) {
-    const int64_t a = alias_of.data()[v];
-    if (a >= static_cast<int64_t>(v) || a < -1)
-      throw std::invalid_argument("alias_of[" + std::to_string(v) + "] must be an earlier node or -1");
-  }
   MemoryGraph g;
-  g.num_nodes = static_cast<int64_t>(n);
+  g.num_nodes = static_cast<int64_t>(bytes.size());
   g.bytes = AsSpan(bytes), g.alias_of = AsSpan(alias_of), g.is_input = AsSpan(is_input);
   g.persistent = AsSpan(persistent), g.keep = AsSpan(keep);
   g.edge_tails = AsSpan(tails), g.edge_heads = AsSpan(heads);
-  return g;
+  return g;  // checked by MemoryGraph::Validate in the C++ entry points
 }
 }  // namespace
 
@@ -55,32 +40,61 @@ void BindSchedule(py::module_& m) {
         }
         return py::make_tuple(t.peak_bytes, t.peak_step, ToNumpy(t.live_after));
       },
+      py::arg("bytes"), py::arg("alias_of"), py::arg("is_input"), py::arg("persistent"),
+      py::arg("keep"), py::arg("edge_tails"), py::arg("edge_heads"), py::arg("order"),
       "Memory timeline of an order: (peak_bytes, peak_step, live_after float64[len(order)]).");
+
+  py::class_<RegatherSchedule>(m, "RegatherSchedule",
+                               "What schedule_regathers decided (schedule/regather_schedule.h).")
+      .def_property_readonly(
+          "order", [](const RegatherSchedule& s) { return ToNumpy(s.order); },
+          "Every non-input node, in the scheduled order (int64).")
+      .def_readonly("prefetch_distance", &RegatherSchedule::prefetch_distance)
+      .def_readonly("peak_bytes", &RegatherSchedule::peak_bytes)
+      .def_readonly("peak_bytes_no_prefetch", &RegatherSchedule::peak_bytes_no_prefetch)
+      .def_readonly("peak_bytes_input_order", &RegatherSchedule::peak_bytes_input_order)
+      .def_property_readonly(
+          "bucket_of", [](const RegatherSchedule& s) { return ToNumpy(s.bucket_of); },
+          "Per node: its gather bucket, -1 when not a gather or alone (int64).")
+      .def_readonly("num_buckets", &RegatherSchedule::num_buckets);
 
   m.def(
       "schedule_regathers",
       [](const F64Array& bytes, const I64Array& alias_of, const U8Array& is_input,
          const U8Array& persistent, const U8Array& keep, const I64Array& tails,
          const I64Array& heads, const I64Array& input_order, const U8Array& movable,
-         const U8Array& is_gather, int64_t max_prefetch, double budget_bytes, double bucket_bytes) {
+         const U8Array& is_gather, const I64Array& gather_key, int64_t max_prefetch,
+         double budget_bytes, double bucket_bytes) {
         const MemoryGraph g = MakeMemoryGraph(bytes, alias_of, is_input, persistent, keep, tails, heads);
-        ScheduleOptions o;
-        o.max_prefetch = max_prefetch, o.budget_bytes = budget_bytes, o.bucket_bytes = bucket_bytes;
-        RegatherSchedule s;
+        const ScheduleOptions options(max_prefetch, budget_bytes, bucket_bytes);
+        py::gil_scoped_release release;
+        return ScheduleRegathers(g, AsSpan(input_order), AsSpan(movable), AsSpan(is_gather),
+                                 AsSpan(gather_key), options);
+      },
+      py::arg("bytes"), py::arg("alias_of"), py::arg("is_input"), py::arg("persistent"),
+      py::arg("keep"), py::arg("edge_tails"), py::arg("edge_heads"), py::arg("input_order"),
+      py::arg("movable"), py::arg("is_gather"), py::arg("gather_key"), py::arg("max_prefetch"),
+      py::arg("budget_bytes"), py::arg("bucket_bytes"),
+      "Re-gather placement, prefetch distance and gather buckets: a RegatherSchedule "
+      "(schedule/regather_schedule.h).");
+
+  m.def(
+      "bucket_reduce_scatters",
+      [](int64_t num_nodes, const I64Array& tails, const I64Array& heads,
+         const I64Array& candidates, const F64Array& bytes, const I64Array& keys,
+         double budget_bytes) {
+        std::vector<int64_t> bucket_of;
         {
           py::gil_scoped_release release;
-          s = ScheduleRegathers(g, AsSpan(input_order), AsSpan(movable), AsSpan(is_gather), o);
+          bucket_of = BucketReduceScatters(num_nodes, AsSpan(tails), AsSpan(heads),
+                                           AsSpan(candidates), AsSpan(bytes), AsSpan(keys),
+                                           budget_bytes);
         }
-        py::dict out;
-        out["order"] = ToNumpy(s.order);
-        out["prefetch_distance"] = s.prefetch_distance;
-        out["peak_bytes"] = s.peak_bytes;
-        out["peak_bytes_no_prefetch"] = s.peak_bytes_no_prefetch;
-        out["peak_bytes_input_order"] = s.peak_bytes_input_order;
-        out["bucket_of"] = ToNumpy(s.bucket_of);
-        return out;
+        return ToNumpy(bucket_of);
       },
-      "Re-gather placement, prefetch distance and buckets (see schedule/regather_schedule.h).");
+      py::arg("num_nodes"), py::arg("edge_tails"), py::arg("edge_heads"), py::arg("candidates"),
+      py::arg("bytes"), py::arg("keys"), py::arg("budget_bytes"),
+      "Gradient reduce-scatter buckets (schedule/buckets.h): bucket id per candidate, -1 alone.");
 }
 
 }  // namespace dcr::python

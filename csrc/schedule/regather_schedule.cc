@@ -1,8 +1,12 @@
 #include "schedule/regather_schedule.h"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
+
+#include "schedule/buckets.h"
 
 namespace dcr {
 namespace {
@@ -79,15 +83,66 @@ std::vector<int64_t> BuildOrder(const Placement& p, Span<uint8_t> is_gather, int
   return order;
 }
 
+// Pass 1 and 2 of the header's bucketing, over the final order. Returns the number of buckets.
+int64_t AssignBuckets(const MemoryGraph& g, Span<int64_t> order, Span<uint8_t> is_gather,
+                      Span<int64_t> gather_key, const std::vector<int64_t>& slot_of,
+                      double bucket_bytes, std::vector<int64_t>* bucket_of) {
+  bucket_of->assign(g.num_nodes, -1);
+  if (bucket_bytes <= 0) return 0;
+  auto small_gather = [&](int64_t v) { return is_gather[v] && g.bytes[v] <= bucket_bytes; };
+  // Pass 1: (slot, key) -> members in order. std::map orders by slot, then key.
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> at_slot;
+  for (size_t k = 0; k < order.size; ++k) {
+    const int64_t v = order[k];
+    if (small_gather(v)) at_slot[{slot_of[v], gather_key[v]}].push_back(v);
+  }
+  int64_t next = 0;
+  for (const auto& entry : at_slot) {
+    if (entry.second.size() < 2) continue;
+    for (int64_t v : entry.second) (*bucket_of)[v] = next;
+    ++next;
+  }
+  // Pass 2: the small gathers still alone, packed in order. A gather may run no earlier than
+  // its producers (graph inputs exist before step 0: position -1).
+  std::vector<int64_t> position(g.num_nodes, -1);
+  for (size_t k = 0; k < order.size; ++k) position[order[k]] = static_cast<int64_t>(k);
+  std::vector<int64_t> ready(g.num_nodes, -1);
+  for (size_t i = 0; i < g.edge_tails.size; ++i) {
+    const int64_t head = g.edge_heads[i];
+    ready[head] = std::max(ready[head], position[g.edge_tails[i]]);
+  }
+  std::vector<BucketCandidate> alone;
+  std::vector<int64_t> alone_nodes;
+  for (size_t k = 0; k < order.size; ++k) {
+    const int64_t v = order[k];
+    if (!small_gather(v) || (*bucket_of)[v] >= 0) continue;
+    // Its users come after it, so the deadline never binds for a bucket at its first member.
+    alone.push_back(BucketCandidate{static_cast<int64_t>(k), g.bytes[v], gather_key[v],
+                                    ready[v], static_cast<int64_t>(order.size)});
+    alone_nodes.push_back(v);
+  }
+  const std::vector<int64_t> packed =
+      PackBuckets(alone, bucket_bytes, BucketSite::kFirstMember, next);
+  for (size_t i = 0; i < packed.size(); ++i) {
+    if (packed[i] >= 0) {
+      (*bucket_of)[alone_nodes[i]] = packed[i];
+      next = std::max(next, packed[i] + 1);
+    }
+  }
+  return next;
+}
+
 }  // namespace
 
 RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_order,
                                    Span<uint8_t> movable, Span<uint8_t> is_gather,
-                                   const ScheduleOptions& options) {
-  if (movable.size != static_cast<size_t>(g.num_nodes) ||
-      is_gather.size != static_cast<size_t>(g.num_nodes)) {
-    throw std::invalid_argument("movable and is_gather must have num_nodes entries");
+                                   Span<int64_t> gather_key, const ScheduleOptions& options) {
+  g.Validate();
+  const size_t n = static_cast<size_t>(g.num_nodes);
+  if (movable.size != n || is_gather.size != n || gather_key.size != n) {
+    throw std::invalid_argument("movable, is_gather and gather_key must have num_nodes entries");
   }
+  if (options.max_prefetch < 0) throw std::invalid_argument("max_prefetch must be >= 0");
   for (int64_t v = 0; v < g.num_nodes; ++v) {
     if (is_gather[v] && !movable[v])
       throw std::invalid_argument("is_gather[" + std::to_string(v) + "] set but movable is not");
@@ -108,16 +163,8 @@ RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_ord
     s.prefetch_distance = d;
   }
   BuildOrder(p, is_gather, s.prefetch_distance, &slot_of);
-  // Buckets: small gathers that share an insertion point.
-  s.bucket_of.assign(g.num_nodes, -1);
-  if (options.bucket_bytes > 0) {
-    int64_t next_bucket = 0, open_slot = -2, open_bucket = -1;
-    for (int64_t v : s.order) {
-      if (!is_gather[v] || g.bytes[v] > options.bucket_bytes) continue;
-      if (slot_of[v] != open_slot) open_slot = slot_of[v], open_bucket = next_bucket++;
-      s.bucket_of[v] = open_bucket;
-    }
-  }
+  s.num_buckets = AssignBuckets(g, s.order, is_gather, gather_key, slot_of, options.bucket_bytes,
+                                &s.bucket_of);
   return s;
 }
 

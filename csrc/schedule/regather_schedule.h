@@ -8,11 +8,19 @@
 // (memsim/memory_sim.h): the largest d <= max_prefetch whose simulated peak stays within the
 // budget; budget < 0 means "no higher than the peak at d = 0" (prefetch for free).
 //
-// Bucketing: consecutive gathers at one insertion point whose results are all smaller than
-// bucket_bytes are reported as one bucket (bucket_of), for the runtime to issue as one grouped
-// gather.
+// Bucketing (bucket_of), the one place that decides which gathers share a collective, for the
+// runtime to issue each bucket as one grouped gather where its first member stands. Only
+// gathers of at most bucket_bytes with equal gather_key (same group, dtypes, device: what one
+// buffer can hold) share a bucket, in two passes:
+//   1. gathers at one insertion point (same slot) share a bucket, whatever their total: they
+//      would run back to back anyway. Buckets at one slot are numbered by ascending key.
+//   2. the small gathers still alone (a layer norm's weight, a bias: each at its own first
+//      use) are packed in the scheduled order by PackBuckets (schedule/buckets.h: at most
+//      bucket_bytes in all, issued at the first member, a member only where its shard exists).
+// Pass-2 ids follow pass-1 ids; buckets of one member are dropped (-1).
 //
-// Complexity O(max_prefetch * (n + m)). Deterministic: ties keep the input order.
+// Complexity O(max_prefetch * (n + m) + g log g) for g gathers. Deterministic: ties keep the
+// input order.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +30,15 @@
 
 namespace dcr {
 
+// No defaults: every field comes from the caller (the Python side builds it from RematConfig,
+// the single source of truth).
 struct ScheduleOptions {
-  int64_t max_prefetch = 4;   // in anchors
-  double budget_bytes = -1;   // < 0: the peak without prefetch
-  double bucket_bytes = 0;    // <= 0: no bucketing
+  ScheduleOptions(int64_t max_prefetch, double budget_bytes, double bucket_bytes)
+      : max_prefetch(max_prefetch), budget_bytes(budget_bytes), bucket_bytes(bucket_bytes) {}
+
+  int64_t max_prefetch;  // in anchors; >= 0
+  double budget_bytes;   // < 0: the peak without prefetch
+  double bucket_bytes;   // <= 0: no bucketing
 };
 
 struct RegatherSchedule {
@@ -34,13 +47,17 @@ struct RegatherSchedule {
   double peak_bytes = 0;            // simulated, with the chosen distance
   double peak_bytes_no_prefetch = 0;
   double peak_bytes_input_order = 0;  // the order before scheduling
-  std::vector<int64_t> bucket_of;   // per node: bucket id for gathers, -1 otherwise
+  std::vector<int64_t> bucket_of;   // per node: its gather bucket, -1 (not a gather, or alone)
+  int64_t num_buckets = 0;          // bucket ids are 0 .. num_buckets - 1
 };
 
 // `input_order` lists the non-input nodes in a valid order; movable[v] marks gathers and their
-// alias chains, is_gather[v] the gathers themselves (a subset of movable).
+// alias chains, is_gather[v] the gathers themselves (a subset of movable), gather_key[v] a
+// gather's compatibility class (read for gathers only). Throws std::invalid_argument on an
+// invalid graph (MemoryGraph::Validate) or order, per-node arrays of another length, a gather
+// that is not movable, or max_prefetch < 0.
 RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_order,
                                    Span<uint8_t> movable, Span<uint8_t> is_gather,
-                                   const ScheduleOptions& options);
+                                   Span<int64_t> gather_key, const ScheduleOptions& options);
 
 }  // namespace dcr

@@ -1,44 +1,29 @@
-"""Exports an AOTAutograd joint graph as the arrays the C++ partition reads (JointGraphView).
-
-Node ids are FX order (a topological order). Sizes come from ``meta["val"]`` through
-``fx_values.value_bytes`` (symbolic sizes costed the same on every rank; see there).
+"""What each node of an AOTAutograd joint graph is for the cut: its op class, flags (_C.NodeFlag)
+and checkpoint tag. The arrays themselves are built by deepcompile_remat.fx_arrays, the one
+bridge from FX to the C++ core (node ids are FX order, a topological order; sizes come from
+``meta["val"]`` through ``fx_values.value_bytes``).
 """
 from __future__ import annotations
 
-import enum
 import functools
-from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-import numpy as np
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 from torch.utils.checkpoint import CheckpointPolicy
 
+from deepcompile_remat import _C, fx_arrays
+from deepcompile_remat.fx_arrays import ExportedJointGraph, NodeFacts
 from deepcompile_remat.fx_values import value_bytes
 from deepcompile_remat.partition import extract
 from deepcompile_remat.partition.op_classes import OpClass, classify
 
-
-class NodeFlag(enum.IntFlag):  # mirrors dcr::NodeFlag
-    PRIMAL = 1 << 0
-    BACKWARD_INPUT = 1 << 1
-    FORWARD_SEED = 1 << 2
-    STATIC_INPUT = 1 << 3
-    PARAMETER = 1 << 4
-    NON_TENSOR = 1 << 5
-    SYM_INT = 1 << 6
-    SYM_FLOAT = 1 << 7
-    MUST_BE_IN_BACKWARD = 1 << 8
-    RNG_REPLAYABLE = 1 << 9
-
-
-_TAGS = {  # CheckpointPolicy -> dcr::RecomputeTag
-    CheckpointPolicy.MUST_SAVE: 1,
-    CheckpointPolicy.PREFER_SAVE: 2,
-    CheckpointPolicy.MUST_RECOMPUTE: 3,
-    CheckpointPolicy.PREFER_RECOMPUTE: 4,
+NodeFlag = _C.NodeFlag
+_TAGS = {  # CheckpointPolicy -> the C++ tag
+    CheckpointPolicy.MUST_SAVE: _C.RecomputeTag.MUST_SAVE,
+    CheckpointPolicy.PREFER_SAVE: _C.RecomputeTag.PREFER_SAVE,
+    CheckpointPolicy.MUST_RECOMPUTE: _C.RecomputeTag.MUST_RECOMPUTE,
+    CheckpointPolicy.PREFER_RECOMPUTE: _C.RecomputeTag.PREFER_RECOMPUTE,
 }
 _SYMINT_BYTES = 8
 
@@ -95,33 +80,6 @@ def is_symint_like(val) -> bool:
     return isinstance(val, (torch.SymInt, torch.SymBool))
 
 
-def output_nodes(gm: fx.GraphModule, num_fwd_outputs: int) -> tuple[list[fx.Node], list[fx.Node]]:
-    """Forward and backward outputs of a joint graph (non-node outputs dropped)."""
-    out = gm.graph.find_nodes(op="output")[0]
-    leaves = pytree.arg_tree_leaves(*out.args)
-    fwd = [x for x in leaves[:num_fwd_outputs] if isinstance(x, fx.Node)]
-    bwd = [x for x in leaves[num_fwd_outputs:] if isinstance(x, fx.Node)]
-    return fwd, bwd
-
-
-@dataclass
-class ExportedJointGraph:
-    nodes: list[fx.Node]  # id -> node
-    bytes: np.ndarray
-    op_class: np.ndarray
-    flags: np.ndarray
-    recompute: np.ndarray
-    ac_graph_id: np.ndarray
-    edge_tails: np.ndarray
-    edge_heads: np.ndarray
-    fwd_outputs: np.ndarray
-    bwd_outputs: np.ndarray
-
-    def arrays(self) -> tuple:
-        return (self.bytes, self.op_class, self.flags, self.recompute, self.ac_graph_id,
-                self.edge_tails, self.edge_heads, self.fwd_outputs, self.bwd_outputs)
-
-
 def export_joint_graph(
     gm: fx.GraphModule,
     *,
@@ -129,24 +87,19 @@ def export_joint_graph(
     static_lifetime_input_indices: Iterable[int] = (),
     parameter_indices: Optional[Sequence[int]] = None,
 ) -> ExportedJointGraph:
+    """The joint graph as the arrays the C++ partition reads (fx_arrays.export_joint_graph),
+    each node described by the rules of this module. static_lifetime_input_indices and
+    parameter_indices count primals."""
     static = set(static_lifetime_input_indices)
     params = set(static if parameter_indices is None else parameter_indices)
-    nodes = [n for n in gm.graph.nodes if n.op != "output"]
-    ids = {n: i for i, n in enumerate(nodes)}
-    n = len(nodes)
-    nbytes = np.zeros(n, dtype=np.float64)
-    op_class = np.zeros(n, dtype=np.uint8)
-    flags = np.zeros(n, dtype=np.uint32)
-    recompute = np.zeros(n, dtype=np.int8)
-    ac_graph_id = np.full(n, -1, dtype=np.int64)
-    tails: list[int] = []
-    heads: list[int] = []
-    primal_index = 0
     replay = extract.can_replay_rng()
-    for i, node in enumerate(nodes):
-        op_class[i] = classify(node)
-        f = NodeFlag(0)
-        if replay and op_class[i] == OpClass.RANDOM and extract.is_seeded_random(node):
+    primal_index = 0
+
+    def describe(node: fx.Node) -> NodeFacts:
+        nonlocal primal_index
+        op_class = classify(node)
+        f = 0
+        if replay and op_class == OpClass.RANDOM and extract.is_seeded_random(node):
             f |= NodeFlag.RNG_REPLAYABLE
         if is_primal(node):
             f |= NodeFlag.PRIMAL
@@ -161,29 +114,22 @@ def export_joint_graph(
             f |= NodeFlag.FORWARD_SEED
         if node.op != "placeholder" and _must_be_in_backward(node):
             f |= NodeFlag.MUST_BE_IN_BACKWARD
+        nbytes = 0.0
         val = node.meta.get("val", node.meta.get("tensor_meta"))
         if isinstance(val, torch.SymFloat):
             f |= NodeFlag.SYM_FLOAT
         elif is_symint_like(val):
             f |= NodeFlag.SYM_INT
-            nbytes[i] = _SYMINT_BYTES
+            nbytes = _SYMINT_BYTES
         elif isinstance(val, torch.Tensor):
-            nbytes[i] = value_bytes(val)
+            nbytes = value_bytes(val)
         elif not is_free_object(node, val):  # free objects: saved by reference, cost 0
             f |= NodeFlag.NON_TENSOR
-            nbytes[i] = value_bytes(val)
-        flags[i] = int(f)
-        tag = node.meta.get("recompute")
-        if tag is not None:
-            recompute[i] = _TAGS.get(tag, 0)
-            ac_graph_id[i] = int(node.meta.get("ac_graph_id", -1))
-        for producer in dict.fromkeys(node.all_input_nodes):
-            tails.append(ids[producer])
-            heads.append(i)
-    fwd, bwd = output_nodes(gm, num_fwd_outputs)
-    return ExportedJointGraph(
-        nodes, nbytes, op_class, flags, recompute, ac_graph_id,
-        np.asarray(tails, dtype=np.int64), np.asarray(heads, dtype=np.int64),
-        np.asarray([ids[x] for x in fwd], dtype=np.int64),
-        np.asarray([ids[x] for x in bwd], dtype=np.int64),
-    )
+            nbytes = value_bytes(val)
+        tag, ac_graph_id = _C.RecomputeTag.NONE, -1
+        if node.meta.get("recompute") is not None:
+            tag = _TAGS.get(node.meta["recompute"], _C.RecomputeTag.NONE)
+            ac_graph_id = int(node.meta.get("ac_graph_id", -1))
+        return NodeFacts(nbytes, int(op_class), int(f), int(tag), ac_graph_id)
+
+    return fx_arrays.export_joint_graph(gm, num_fwd_outputs, describe)

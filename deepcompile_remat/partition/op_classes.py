@@ -6,28 +6,18 @@ getitems, which the C++ cost model and the ZeRO-3 marking treat specially.
 """
 from __future__ import annotations
 
-import enum
 import functools
 import operator
 
 import torch
 import torch.fx as fx
 
+from deepcompile_remat import _C
+
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-
-class OpClass(enum.IntEnum):  # mirrors dcr::OpClass
-    PLACEHOLDER = 0
-    VIEW = 1
-    CAST = 2
-    POINTWISE = 3
-    REDUCTION = 4
-    COMPUTE_INTENSIVE = 5
-    RANDOM = 6
-    GATHER = 7
-    GETITEM = 8
-    OTHER = 9
+OpClass = _C.OpClass  # defined once, in C++ (csrc/graph/joint_graph.h)
 
 
 def _packets(namespace, *names: str) -> frozenset:
@@ -67,6 +57,7 @@ def _with_effects():
 
 
 def classify(node: fx.Node) -> OpClass:
+    """The OpClass of `node` (module docstring)."""
     if node.op == "placeholder":
         return OpClass.PLACEHOLDER
     if node.op == "get_attr":

@@ -32,7 +32,9 @@ PartitionConflictError = _C.PartitionConflictError
 log = logging.getLogger(__name__)
 
 _POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPolicy.aggressive}
-_TANGENT_CLOSURE, _PARAMETER_ALIAS, _RECOMPUTE_REQUESTED = 1 << 1, 1 << 5, 1 << 6  # NodeInfoBit
+_PARAMETER_ALIAS = int(_C.NodeInfoBit.PARAMETER_ALIAS)
+_RECOMPUTE_REQUESTED = int(_C.NodeInfoBit.RECOMPUTE_REQUESTED)
+_PARAMETER = int(_C.NodeFlag.PARAMETER)
 
 
 class PartitionHook(Protocol):
@@ -40,9 +42,9 @@ class PartitionHook(Protocol):
         """Rewrites the joint graph in place before it is cut."""
 
     def after_extract(self, fw: fx.GraphModule, bw: fx.GraphModule,
-                      parameter_names: set[str]) -> tuple[dict, ...]:
+                      parameter_names: set[str]) -> tuple:
         """Rewrites the forward and backward modules in place; returns figures for the
-        report (PartitionReport.schedule)."""
+        report (PartitionReport.schedule): one immutable object per graph it touched."""
 
 
 def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig,
@@ -186,7 +188,7 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
         joint_module, saved_tensors, saved_sym, saved_opaque, num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_nodes=static_nodes)
     parameter_names = {graph.nodes[i].name
-                       for i in np.flatnonzero(graph.flags & fx_export.NodeFlag.PARAMETER)}
+                       for i in np.flatnonzero(graph.flags & _PARAMETER)}
     schedule = tuple(figures for hook in hooks
                      for figures in hook.after_extract(fw_module, bw_module, parameter_names))
     t3 = time.perf_counter()

@@ -35,7 +35,7 @@ class PartitionReport:
     forward_ops: tuple[str, ...] = field(repr=False, default=())  # call targets, graph order
     backward_ops: tuple[str, ...] = field(repr=False, default=())
     collectives: tuple[str, ...] = ()  # "fw|bw:op:dtype:numel" per gather / reduce-scatter
-    schedule: tuple = ()  # per graph: the ZeRO-3 gather schedule's figures (zero3/schedule.py)
+    schedule: tuple = ()  # per graph: the hooks' figures (zero3: schedule.ScheduleFigures)
 
     @property
     def saved_bytes(self) -> int:

@@ -125,7 +125,7 @@ def _predicted(gm: fx.GraphModule, persistent: set, preexisting: set) -> float:
     """Simulated peak of `gm` minus the bytes of the inputs in `preexisting` (alive before the
     step)."""
     from deepcompile_remat import _C
-    from deepcompile_remat.zero3.schedule import memory_arrays
+    from deepcompile_remat.fx_arrays import memory_arrays
 
     nodes, nbytes, alias_of, is_input, pers, keep, tails, heads = memory_arrays(gm, persistent)
     order = np.asarray([i for i in range(len(nodes)) if not is_input[i]], dtype=np.int64)

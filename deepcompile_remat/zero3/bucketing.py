@@ -1,35 +1,22 @@
-"""What the gather and reduce-scatter buckets share: greedy packing in graph order, and the
-rewrite of a bucket's members into one collective whose items take their places."""
+"""Applies buckets decided in C++ (csrc/schedule/buckets.h: the one bucketing rule, for gathers
+and reduce-scatters alike): groups a bucket's members, and rewrites them into one collective
+whose items take their places. No packing rule lives here."""
 from __future__ import annotations
 
 import operator
-from typing import Callable
+from typing import Sequence
 
+import numpy as np
 import torch.fx as fx
 
 
-def pack_in_order(candidates: list, key_of: Callable, size_of: Callable, budget: float,
-                  must_close: Callable[[list, fx.Node], bool]) -> list[list]:
-    """Candidates (in graph order) of at most `budget` bytes each packed greedily, per key, into
-    buckets of at most `budget` bytes in all; must_close(members, node) closes the open bucket
-    before `node` joins. Larger candidates, and every candidate when budget <= 0, are left out."""
-    if budget <= 0:
-        return []
-    open_buckets: dict = {}  # key -> (members, their bytes)
-    closed = []
-    for node in candidates:
-        size = size_of(node)
-        if size > budget:
-            continue
-        key = key_of(node)
-        members, total = open_buckets.get(key, ([], 0.0))
-        if members and (total + size > budget or must_close(members, node)):
-            closed.append(members)
-            members, total = [], 0.0
-        members.append(node)
-        open_buckets[key] = (members, total + size)
-    buckets = closed + [members for members, _ in open_buckets.values()]
-    return [m for m in buckets if len(m) >= 2]
+def members_by_bucket(nodes: Sequence[fx.Node], bucket_of: np.ndarray) -> list[list[fx.Node]]:
+    """The members of each bucket (bucket_of[i] is nodes[i]'s bucket id, -1: alone), buckets in
+    id order, members in the order of `nodes`."""
+    buckets: dict[int, list] = {}
+    for i in np.flatnonzero(np.asarray(bucket_of) >= 0):
+        buckets.setdefault(int(bucket_of[i]), []).append(nodes[i])
+    return [buckets[b] for b in sorted(buckets)]
 
 
 def replace_with_bucket(gm: fx.GraphModule, members: list, anchor: fx.Node, target,

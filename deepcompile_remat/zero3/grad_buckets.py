@@ -9,15 +9,20 @@ order the backward produces them, into dcr::reduce_scatter_grad_bucket calls of 
 stay alive until then, which costs at most `bucket_bytes` of memory. Large gradients keep
 their own collective at their own place.
 
-Every rank runs the same pass on the same graph, so the buckets, and the collectives, line up.
+The rule is C++'s (csrc/schedule/buckets.h, BucketReduceScatters); this module exports the
+graph (fx_arrays) and applies the buckets. Every rank runs the same pass on the same graph, so
+the buckets, and the collectives, line up.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.fx as fx
 
+from deepcompile_remat import _C
+from deepcompile_remat.fx_arrays import compatibility_keys, graph_arrays
 from deepcompile_remat.fx_values import value_bytes
-from deepcompile_remat.zero3.bucketing import pack_in_order, replace_with_bucket
+from deepcompile_remat.zero3.bucketing import members_by_bucket, replace_with_bucket
 
 
 def _is_reduce_scatter(node: fx.Node) -> bool:
@@ -25,25 +30,27 @@ def _is_reduce_scatter(node: fx.Node) -> bool:
         node.target is torch.ops.dcr.reduce_scatter_grad.default
 
 
+def _reduce_scatter_key(node: fx.Node) -> tuple:
+    """What a bucket's members must share: world size, group, and the gradient's dtype and
+    device (one buffer per bucket)."""
+    full = node.args[0].meta["val"]
+    return node.args[1], node.args[2], full.dtype, str(full.device)
+
+
 def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
     """Rewrites `gm` in place; returns how many bucket collectives replaced >= 2 others."""
-    position = {n: i for i, n in enumerate(gm.graph.nodes)}
-
-    def full_bytes(node):
-        return value_bytes(node.args[0].meta["val"])
-
-    def key_of(node):
-        full = node.args[0].meta["val"]
-        return node.args[1], node.args[2], full.dtype, str(full.device)
-
-    def used_before(members, node):
-        # The bucket will stand where `node` stands: every member's result must be used only
-        # after that point.
-        return any(position[u] < position[node] for m in members for u in m.users)
-
-    buckets = pack_in_order([n for n in gm.graph.nodes if _is_reduce_scatter(n)
-                             and isinstance(n.args[0].meta.get("val"), torch.Tensor)],
-                            key_of, full_bytes, bucket_bytes, used_before)
+    graph = graph_arrays(gm)
+    ids = graph.ids()
+    candidates = [n for n in graph.nodes if _is_reduce_scatter(n)
+                  and isinstance(n.args[0].meta.get("val"), torch.Tensor)]
+    if not candidates:
+        return 0
+    bucket_of = _C.bucket_reduce_scatters(
+        len(graph.nodes), graph.edge_tails, graph.edge_heads,
+        np.asarray([ids[n] for n in candidates], dtype=np.int64),
+        np.asarray([value_bytes(n.args[0].meta["val"]) for n in candidates], dtype=np.float64),
+        compatibility_keys([_reduce_scatter_key(n) for n in candidates]), float(bucket_bytes))
+    buckets = members_by_bucket(candidates, bucket_of)
     for members in buckets:
         last = members[-1]
         replace_with_bucket(gm, members, last, torch.ops.dcr.reduce_scatter_grad_bucket.default,

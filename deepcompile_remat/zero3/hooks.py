@@ -5,7 +5,8 @@
 rewrite_joint runs on the joint graph before the cut (cast-before-gather, so the backward's
 re-gathers are downcast too); after_extract reorders the forward and backward graphs (the C++
 re-gather schedule, buckets, async prefetch), buckets the backward's small gradient
-reduce-scatters (zero3/grad_buckets.py) and returns its figures for the report. Both do nothing
+reduce-scatters (zero3/grad_buckets.py) and returns its figures for the report (one
+ScheduleFigures per graph). Both do nothing
 on a graph without our ops. The partitioner itself knows nothing of ZeRO-3.
 """
 from __future__ import annotations
@@ -16,35 +17,40 @@ import torch.fx as fx
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
 from deepcompile_remat.zero3.passes import cast_before_gather
-from deepcompile_remat.zero3.schedule import schedule_gathers
+from deepcompile_remat.zero3.schedule import ScheduleFigures, ScheduleOptions, schedule_gathers
 
 
 def has_gathers(gm: fx.GraphModule) -> bool:
+    """Whether `gm` has any of our (torch.ops.dcr) ops."""
     return any(isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "dcr"
                for n in gm.graph.nodes)
 
 
 class Zero3Hooks:
+    """The ZeRO-3 runtime's PartitionHook (module docstring), configured by one RematConfig."""
+
     def __init__(self, config: RematConfig) -> None:
         self.config = config
+        self.schedule_options = ScheduleOptions.from_config(config)
 
     def rewrite_joint(self, joint: fx.GraphModule) -> None:
+        """Cast-before-gather on the joint graph, when configured and there are gathers."""
         if self.config.cast_before_gather and has_gathers(joint):
             cast_before_gather(joint)
 
     def after_extract(self, fw: fx.GraphModule, bw: fx.GraphModule,
-                      parameter_names: set[str]) -> tuple[dict, ...]:
+                      parameter_names: set[str]) -> tuple[ScheduleFigures, ...]:
         """parameter_names: the primals that are parameters (shards): they live anyway, so the
-        schedule's memory simulation counts them as persistent."""
+        schedule's memory simulation counts them as persistent. Returns the figures of the
+        forward and the backward, or () for graphs without our ops."""
         c = self.config
         if not (has_gathers(fw) or has_gathers(bw)):
             return ()
-        figures = {"fw": {"graph": "fw"}, "bw": {"graph": "bw"}}
+        figures = {tag: ScheduleFigures(graph=tag) for tag in ("fw", "bw")}
         if c.schedule_gathers:
             for tag, module in (("fw", fw), ("bw", bw)):
-                figures[tag].update(schedule_gathers(
-                    module, persistent_names=parameter_names, max_prefetch=c.max_prefetch,
-                    budget_bytes=c.prefetch_budget_bytes, bucket_bytes=c.bucket_bytes,
-                    async_gathers=c.async_gathers))
-        figures["bw"]["reduce_scatter_buckets"] = bucket_reduce_scatters(bw, c.bucket_bytes)
+                figures[tag] = schedule_gathers(module, self.schedule_options, graph=tag,
+                                                persistent_names=parameter_names)
+        figures["bw"] = figures["bw"].replace(
+            reduce_scatter_buckets=bucket_reduce_scatters(bw, self.schedule_options.bucket_bytes))
         return tuple(figures.values())

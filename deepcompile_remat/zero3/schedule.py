@@ -1,23 +1,64 @@
 """Applies the C++ re-gather schedule (csrc/schedule) to a forward or backward FX graph.
 
 Gathers and the views/casts that only reshape them are moved to just before their first use,
-then prefetched as far as the memory budget allows; small gathers that land at one point
-become one bucketed collective (dcr::allgather_cast_bucket), and small gathers left alone are
-packed, in order, into buckets of at most bucket_bytes. Every rank computes the same order
-from the same graph, so collectives line up.
+then prefetched as far as the memory budget allows; the C++ schedule also decides which gathers
+share one bucketed collective (dcr::allgather_cast_bucket): small gathers that land at one
+point, and small gathers left alone packed in order within bucket_bytes. This module only
+exports the graph (fx_arrays) and applies the result. Every rank computes the same order from
+the same graph, so collectives line up.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterable, Optional
 
 import numpy as np
 import torch
 import torch.fx as fx
 
 from deepcompile_remat import _C
-from deepcompile_remat.fx_values import is_alias, value_bytes
-from deepcompile_remat.zero3.bucketing import pack_in_order, replace_with_bucket
+from deepcompile_remat.config import AsyncGathers, RematConfig
+from deepcompile_remat.fx_arrays import compatibility_keys, memory_arrays
+from deepcompile_remat.fx_values import is_alias
+from deepcompile_remat.zero3.bucketing import members_by_bucket, replace_with_bucket
 from deepcompile_remat.zero3.passes import gather_dtype, is_allgather_cast
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleOptions:
+    """The schedule's settings, all from RematConfig (the one source of their defaults)."""
+    max_prefetch: int         # RematConfig.max_prefetch
+    budget_bytes: float       # RematConfig.prefetch_budget_bytes
+    bucket_bytes: float       # RematConfig.bucket_bytes
+    async_gathers: AsyncGathers  # RematConfig.async_gathers
+
+    @classmethod
+    def from_config(cls, config: RematConfig) -> "ScheduleOptions":
+        """The options `config` asks for."""
+        return cls(max_prefetch=config.max_prefetch,
+                   budget_bytes=float(config.prefetch_budget_bytes),
+                   bucket_bytes=float(config.bucket_bytes), async_gathers=config.async_gathers)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleFigures:
+    """What the ZeRO-3 passes did to one graph (PartitionReport.schedule holds one per graph).
+    Peaks are the memory simulator's (csrc/memsim), None where the graph was not scheduled."""
+    graph: str                                  # "fw" or "bw"
+    gathers: int = 0                            # parameter gathers in the graph
+    prefetch_distance: int = 0                  # in compute steps
+    peak_bytes: Optional[float] = None          # with the chosen prefetch distance
+    peak_bytes_no_prefetch: Optional[float] = None
+    peak_bytes_input_order: Optional[float] = None  # before scheduling
+    buckets: int = 0                            # bucketed gathers (each replaced >= 2)
+    async_prefetched: int = 0                   # gathers split into start/wait
+    max_in_flight: int = 0                      # most gathers outstanding at once
+    reduce_scatter_buckets: int = 0             # bucketed gradient reduce-scatters (bw only)
+
+    def replace(self, **changes) -> "ScheduleFigures":
+        """A copy with `changes` applied."""
+        return dataclasses.replace(self, **changes)
 
 
 def _is_reshape_or_cast(node: fx.Node) -> bool:
@@ -27,41 +68,12 @@ def _is_reshape_or_cast(node: fx.Node) -> bool:
         torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)
 
 
-def memory_arrays(gm: fx.GraphModule, persistent_names: Iterable[str] = ()):
-    """The graph as memsim arrays: (nodes, bytes, alias_of, is_input, persistent, keep, tails, heads)."""
-    persistent_names = set(persistent_names)
-    nodes = [n for n in gm.graph.nodes if n.op != "output"]
-    ids = {n: i for i, n in enumerate(nodes)}
-    n = len(nodes)
-    nbytes = np.zeros(n)
-    alias_of = np.full(n, -1, dtype=np.int64)
-    is_input = np.zeros(n, dtype=np.uint8)
-    persistent = np.zeros(n, dtype=np.uint8)
-    keep = np.zeros(n, dtype=np.uint8)
-    tails, heads = [], []
-    for i, node in enumerate(nodes):
-        is_input[i] = node.op in ("placeholder", "get_attr")
-        persistent[i] = node.op == "get_attr" or node.name in persistent_names
-        if is_alias(node) and isinstance(node.args[0], fx.Node):
-            alias_of[i] = ids[node.args[0]]
-        else:
-            nbytes[i] = value_bytes(node.meta.get("val"))
-        for p in dict.fromkeys(node.all_input_nodes):
-            tails.append(ids[p])
-            heads.append(i)
-    out = gm.graph.find_nodes(op="output")[0]
-    for x in out.all_input_nodes:
-        keep[ids[x]] = 1
-    return (nodes, nbytes, alias_of, is_input, persistent, keep,
-            np.asarray(tails, dtype=np.int64), np.asarray(heads, dtype=np.int64))
-
-
-def schedule_gathers(gm: fx.GraphModule, *, persistent_names: Iterable[str] = (),
-                     max_prefetch: int = 2, budget_bytes: float = -1.0,
-                     bucket_bytes: float = 0.0, async_gathers: str = "auto") -> dict:
-    """Reorders `gm` in place; returns the schedule's figures (simulated peaks, distance, buckets)."""
-    nodes, nbytes, alias_of, is_input, persistent, keep, tails, heads = memory_arrays(
-        gm, persistent_names)
+def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str,
+                     persistent_names: Iterable[str] = ()) -> ScheduleFigures:
+    """Reorders and buckets `gm` in place as the C++ schedule decides; returns its figures.
+    graph: the figures' tag ("fw" / "bw"); persistent_names: inputs that live anyway."""
+    arrays = memory_arrays(gm, persistent_names)
+    nodes = arrays.nodes
     ids = {n: i for i, n in enumerate(nodes)}
     movable = np.zeros(len(nodes), dtype=np.uint8)
     is_gather = np.zeros(len(nodes), dtype=np.uint8)
@@ -72,14 +84,17 @@ def schedule_gathers(gm: fx.GraphModule, *, persistent_names: Iterable[str] = ()
                 movable[ids[p]] for p in node.all_input_nodes):
             movable[i] = 1
     if not is_gather.any():
-        return {"gathers": 0}
-    input_order = np.asarray([i for i in range(len(nodes)) if not is_input[i]], dtype=np.int64)
-    s = _C.schedule_regathers(nbytes, alias_of, is_input, persistent, keep, tails, heads,
-                              input_order, movable, is_gather, int(max_prefetch),
-                              float(budget_bytes), float(bucket_bytes))
+        return ScheduleFigures(graph=graph)
+    gather_ids = np.flatnonzero(is_gather)
+    gather_key = np.full(len(nodes), -1, dtype=np.int64)
+    gather_key[gather_ids] = compatibility_keys([_gather_key(nodes[i]) for i in gather_ids])
+    input_order = np.flatnonzero(arrays.is_input == 0).astype(np.int64)
+    s = _C.schedule_regathers(*arrays[1:], input_order, movable, is_gather, gather_key,
+                              int(options.max_prefetch), float(options.budget_bytes),
+                              float(options.bucket_bytes))
     # Placeholders stay first; everything else follows the schedule.
-    anchor = [n for n in nodes if is_input[ids[n]]][-1] if is_input.any() else None
-    for i in s["order"]:
+    anchor = [n for n in nodes if arrays.is_input[ids[n]]][-1] if arrays.is_input.any() else None
+    for i in s.order:
         node = nodes[i]
         if anchor is None:
             gm.graph.find_nodes(op="output")[0].prepend(node)  # first node: before output
@@ -87,45 +102,31 @@ def schedule_gathers(gm: fx.GraphModule, *, persistent_names: Iterable[str] = ()
             continue
         anchor.append(node)
         anchor = node
-    buckets = _bucket(gm, nodes, s["bucket_of"]) + _bucket_small_gathers(gm, bucket_bytes)
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}  # after reordering
+    for members in members_by_bucket(nodes, s.bucket_of):
+        members.sort(key=position.__getitem__)  # the bucket goes where its first member is
+        _replace_with_bucket(gm, members)
     backends = _gather_backends(gm)
     prefetched, in_flight = 0, 0
-    if _use_async(backends, async_gathers):
+    if _use_async(backends, options.async_gathers):
         prefetched = _split_prefetched(gm)
         in_flight = limit_in_flight(gm, _in_flight_limit(backends))
     gm.graph.lint()
     gm.recompile()
-    return {"gathers": int(is_gather.sum()), "prefetch_distance": int(s["prefetch_distance"]),
-            "peak_bytes": float(s["peak_bytes"]),
-            "peak_bytes_no_prefetch": float(s["peak_bytes_no_prefetch"]),
-            "peak_bytes_input_order": float(s["peak_bytes_input_order"]),
-            "buckets": buckets, "async_prefetched": prefetched, "max_in_flight": in_flight}
-
-
-def _bucket(gm: fx.GraphModule, nodes: list, bucket_of: np.ndarray) -> int:
-    """Replaces each bucket of >= 2 compatible gathers by one dcr::allgather_cast_bucket."""
-    groups: dict = {}
-    for i in np.flatnonzero(bucket_of >= 0):
-        g = nodes[i]
-        groups.setdefault((int(bucket_of[i]), *_gather_key(g)), []).append(g)
-    position = {n: i for i, n in enumerate(gm.graph.nodes)}  # after reordering
-    made = 0
-    for _, members in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][3:]))):
-        if len(members) < 2:
-            continue
-        members.sort(key=position.__getitem__)  # the bucket goes where its first member was
-        _replace_with_bucket(gm, members)
-        made += 1
-    return made
+    return ScheduleFigures(
+        graph=graph, gathers=int(is_gather.sum()), prefetch_distance=int(s.prefetch_distance),
+        peak_bytes=float(s.peak_bytes), peak_bytes_no_prefetch=float(s.peak_bytes_no_prefetch),
+        peak_bytes_input_order=float(s.peak_bytes_input_order), buckets=int(s.num_buckets),
+        async_prefetched=prefetched, max_in_flight=in_flight)
 
 
 def _gather_key(g: fx.Node) -> tuple:
-    """What a bucket's members must share: world size, group and target dtype, and also the
-    shard's dtype and device (one buffer per bucket: a bf16 and an fp32 shard in one buffer
-    would be promoted silently)."""
+    """What a bucket's members must share: target dtype, the shard's dtype and device (one
+    buffer per bucket: a bf16 and an fp32 shard in one buffer would be promoted silently),
+    world size and group. In this order: buckets at one point are numbered by its text."""
     shard, world_size, group_name = g.args[:3]
     val = shard.meta["val"]
-    return world_size, group_name, gather_dtype(g), val.dtype, str(val.device)
+    return gather_dtype(g), val.dtype, str(val.device), world_size, group_name
 
 
 def _replace_with_bucket(gm: fx.GraphModule, members: list) -> None:
@@ -135,26 +136,6 @@ def _replace_with_bucket(gm: fx.GraphModule, members: list) -> None:
     replace_with_bucket(gm, members, first, torch.ops.dcr.allgather_cast_bucket.default,
                         ([m.args[0] for m in members], first.args[1], first.args[2]),
                         {"dtype": gather_dtype(first)})
-
-
-def _bucket_small_gathers(gm: fx.GraphModule, bucket_bytes: float) -> int:
-    """Small gathers still alone after the schedule (a layer norm's weight, a bias: each at its
-    own first use) are packed, in graph order, into buckets of at most `bucket_bytes` in all,
-    each issued where its first member stood. A gather is a fixed latency whatever its size,
-    and a member gathered early holds at most `bucket_bytes` longer than it had to."""
-    position = {n: i for i, n in enumerate(gm.graph.nodes)}
-
-    def full_bytes(node):
-        return value_bytes(node.meta.get("val"))
-
-    def shard_too_late(members, node):  # the bucket stands where its first member stands
-        return position[node.args[0]] > position[members[0]]
-
-    buckets = pack_in_order([n for n in gm.graph.nodes if is_allgather_cast(n)],
-                            _gather_key, full_bytes, bucket_bytes, shard_too_late)
-    for members in buckets:
-        _replace_with_bucket(gm, members)
-    return len(buckets)
 
 
 def _gather_backends(gm: fx.GraphModule) -> set:

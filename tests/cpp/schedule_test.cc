@@ -1,9 +1,11 @@
 // Memory simulation and the ZeRO-3 re-gather schedule on hand-built graphs.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "memsim/memory_sim.h"
+#include "schedule/buckets.h"
 #include "schedule/regather_schedule.h"
 
 namespace dcr {
@@ -13,15 +15,19 @@ struct Graph {
   std::vector<double> bytes;
   std::vector<int64_t> alias_of, tails, heads;
   std::vector<uint8_t> is_input, persistent, keep, movable, is_gather;
+  std::vector<int64_t> gather_key;
 
   int64_t Add(double b, std::vector<int64_t> in, bool input = false, int64_t alias = -1) {
     const int64_t v = static_cast<int64_t>(bytes.size());
     bytes.push_back(alias >= 0 ? 0 : b);
     alias_of.push_back(alias);
     is_input.push_back(input), persistent.push_back(0), keep.push_back(0);
-    movable.push_back(0), is_gather.push_back(0);
+    movable.push_back(0), is_gather.push_back(0), gather_key.push_back(0);
     for (int64_t u : in) tails.push_back(u), heads.push_back(v);
     return v;
+  }
+  RegatherSchedule Schedule(const std::vector<int64_t>& order, const ScheduleOptions& o) const {
+    return ScheduleRegathers(View(), order, movable, is_gather, gather_key, o);
   }
   MemoryGraph View() const {
     MemoryGraph g;
@@ -46,6 +52,42 @@ TEST(MemorySim, FreesAtLastUseAndFollowsAliases) {
   EXPECT_DOUBLE_EQ(t.live_after[0], 10);  // x freed after its last use
   EXPECT_DOUBLE_EQ(t.live_after[1], 10);
   EXPECT_DOUBLE_EQ(t.live_after[2], 1);   // a freed after the view's last use; b kept
+}
+
+TEST(MemorySim, ValidateNamesTheArrayAtFault) {
+  Graph g;
+  const int64_t x = g.Add(1, {}, true);
+  const int64_t a = g.Add(1, {x});
+  g.Add(1, {a});
+  EXPECT_NO_THROW(g.View().Validate());
+  auto fails = [](const MemoryGraph& bad, const std::string& what) {
+    try {
+      bad.Validate();
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  MemoryGraph bad = g.View();
+  bad.keep.size = 2;  // a per-node array of the wrong length
+  fails(bad, "keep has 2 entries");
+  bad = g.View();
+  bad.alias_of.size = 1;
+  fails(bad, "alias_of has 1 entries");
+  bad = g.View();
+  bad.edge_heads.size = 1;
+  fails(bad, "different lengths");
+  Graph out_of_range = g;
+  out_of_range.heads[0] = 7;
+  fails(out_of_range.View(), "edge 0 has a node id out of range");
+  Graph later_alias = g;
+  later_alias.alias_of[a] = 2;  // an alias of a later node: chains could loop
+  fails(later_alias.View(), "alias_of[1] must be an earlier node or -1");
+  Graph self_alias = g;
+  self_alias.alias_of[a] = a;
+  fails(self_alias.View(), "alias_of[1]");
+  const std::vector<int64_t> order = {1, 2};
+  EXPECT_THROW(SimulateMemory(later_alias.View(), order), std::invalid_argument);
 }
 
 TEST(MemorySim, RejectsOrdersThatBreakDependencies) {
@@ -90,9 +132,7 @@ struct ThreeLayers {
 
 TEST(RegatherSchedule, PlacesEachGatherJustBeforeItsUse) {
   ThreeLayers m;
-  ScheduleOptions o;
-  o.max_prefetch = 0;
-  const RegatherSchedule s = ScheduleRegathers(m.g.View(), m.order, m.g.movable, m.g.is_gather, o);
+  const RegatherSchedule s = m.g.Schedule(m.order, ScheduleOptions(0, -1, 0));
   EXPECT_DOUBLE_EQ(s.peak_bytes_input_order, 150 + 1 + 300 + 1);
   EXPECT_DOUBLE_EQ(s.peak_bytes, 150 + 1 + 100 + 1);
   const std::vector<int64_t> expected = {m.gathers[0], 7, m.gathers[1], 8, m.gathers[2], 9};
@@ -102,16 +142,14 @@ TEST(RegatherSchedule, PlacesEachGatherJustBeforeItsUse) {
 
 TEST(RegatherSchedule, PrefetchDistanceRespectsTheBudget) {
   ThreeLayers m;
-  ScheduleOptions o;
-  o.max_prefetch = 3;
-  o.budget_bytes = 150 + 1 + 200 + 1;  // room for one extra weight in flight
-  RegatherSchedule s = ScheduleRegathers(m.g.View(), m.order, m.g.movable, m.g.is_gather, o);
+  ScheduleOptions o(3, 150 + 1 + 200 + 1, 0);  // room for one extra weight in flight
+  RegatherSchedule s = m.g.Schedule(m.order, o);
   EXPECT_EQ(s.prefetch_distance, 1);
   EXPECT_LE(s.peak_bytes, o.budget_bytes);
   const std::vector<int64_t> expected = {m.gathers[0], m.gathers[1], 7, m.gathers[2], 8, 9};
   EXPECT_EQ(s.order, expected);
   o.budget_bytes = -1;  // no more than without prefetch
-  s = ScheduleRegathers(m.g.View(), m.order, m.g.movable, m.g.is_gather, o);
+  s = m.g.Schedule(m.order, o);
   EXPECT_EQ(s.prefetch_distance, 0);
 }
 
@@ -123,19 +161,163 @@ TEST(RegatherSchedule, BucketsSmallGathersAtOneSlot) {
   const int64_t y = g.Add(1, {w0, w1, w2});
   g.keep[y] = 1;
   const std::vector<int64_t> order = {w0, w1, w2, y};
-  ScheduleOptions o;
-  o.bucket_bytes = 64;
-  const RegatherSchedule s = ScheduleRegathers(g.View(), order, g.movable, g.is_gather, o);
+  const RegatherSchedule s = g.Schedule(order, ScheduleOptions(4, -1, 64));
   EXPECT_EQ(s.bucket_of[w0], s.bucket_of[w1]);
-  EXPECT_GE(s.bucket_of[w0], 0);
+  EXPECT_EQ(s.bucket_of[w0], 0);
   EXPECT_EQ(s.bucket_of[w2], -1);
+  EXPECT_EQ(s.num_buckets, 1);
+  // Another key (another dtype or group) never shares a bucket, even at one slot.
+  Graph keyed = g;
+  keyed.gather_key[w1] = 1;
+  EXPECT_EQ(keyed.Schedule(order, ScheduleOptions(4, -1, 64)).num_buckets, 0);
+  // No bucket budget: no buckets.
+  EXPECT_EQ(g.Schedule(order, ScheduleOptions(4, -1, 0)).num_buckets, 0);
+}
+
+// Small gathers at different slots (each just before its own use) are packed in order within
+// the byte budget, a bucket standing at its first member; a gather whose shard is computed
+// after that point starts a new bucket. Mirrors the Python test of the same name.
+TEST(RegatherSchedule, PacksSmallGathersLeftAlone) {
+  Graph g;
+  int64_t h = g.Add(8, {}, true);
+  std::vector<int64_t> shards;
+  for (int i = 0; i < 4; ++i) shards.push_back(g.Add(1, {}, true));
+  std::vector<int64_t> order, gathers;
+  const double sizes[] = {32, 64, 8192, 32};
+  int64_t late = -1;
+  for (int i = 0; i < 5; ++i) {
+    const int64_t shard = i < 4 ? shards[i] : late;
+    const int64_t w = g.Add(i < 4 ? sizes[i] : 32, {shard});
+    g.movable[w] = g.is_gather[w] = 1;
+    gathers.push_back(w);
+    order.push_back(w);
+    h = g.Add(8, {h, w});
+    order.push_back(h);
+    if (late < 0) late = g.Add(4, {shards[0]}), order.push_back(late);  // after the first use
+  }
+  g.keep[h] = 1;
+  RegatherSchedule s = g.Schedule(order, ScheduleOptions(0, -1, 1000));
+  // 32 + 64 + 32 fit in 1000; 8 KB stays alone; the last one's shard (`late`) is computed
+  // after the first gather, so it cannot join that bucket and is left alone.
+  EXPECT_EQ(s.num_buckets, 1);
+  EXPECT_EQ(s.bucket_of[gathers[0]], 0);
+  EXPECT_EQ(s.bucket_of[gathers[1]], 0);
+  EXPECT_EQ(s.bucket_of[gathers[2]], -1);
+  EXPECT_EQ(s.bucket_of[gathers[3]], 0);
+  EXPECT_EQ(s.bucket_of[gathers[4]], -1);
+  s = g.Schedule(order, ScheduleOptions(0, -1, 96));  // 32 + 64, then 32 + 32 (late is ready)
+  EXPECT_EQ(s.num_buckets, 2);
+  EXPECT_EQ(s.bucket_of[gathers[0]], 0);
+  EXPECT_EQ(s.bucket_of[gathers[1]], 0);
+  EXPECT_EQ(s.bucket_of[gathers[3]], 1);
+  EXPECT_EQ(s.bucket_of[gathers[4]], 1);
+}
+
+TEST(RegatherSchedule, RejectsBadArguments) {
+  ThreeLayers m;
+  EXPECT_THROW(m.g.Schedule(m.order, ScheduleOptions(-1, -1, 0)), std::invalid_argument);
+  Graph short_key = m.g;
+  short_key.gather_key.pop_back();
+  EXPECT_THROW(short_key.Schedule(m.order, ScheduleOptions(2, -1, 0)), std::invalid_argument);
+  Graph unmovable = m.g;
+  unmovable.movable[m.gathers[0]] = 0;
+  EXPECT_THROW(unmovable.Schedule(m.order, ScheduleOptions(2, -1, 0)), std::invalid_argument);
+  Graph bad_alias = m.g;
+  bad_alias.alias_of[0] = 5;
+  EXPECT_THROW(bad_alias.Schedule(m.order, ScheduleOptions(2, -1, 0)), std::invalid_argument);
+}
+
+std::vector<BucketCandidate> Candidates(std::vector<double> bytes) {
+  std::vector<BucketCandidate> out;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const int64_t p = static_cast<int64_t>(10 * i);
+    out.push_back(BucketCandidate{p, bytes[i], 0, -1, 1000});  // inputs exist from the start
+  }
+  return out;
+}
+
+TEST(PackBuckets, GreedyInOrderWithinTheBudget) {
+  const auto c = Candidates({32, 32, 64, 4096, 16});
+  EXPECT_EQ(PackBuckets(c, 128, BucketSite::kFirstMember),
+            (std::vector<int64_t>{0, 0, 0, -1, -1}));  // 128 full: 16 opens a bucket of one
+  EXPECT_EQ(PackBuckets(c, 64, BucketSite::kFirstMember),
+            (std::vector<int64_t>{0, 0, -1, -1, -1}));
+  EXPECT_EQ(PackBuckets(c, 0, BucketSite::kFirstMember),
+            (std::vector<int64_t>{-1, -1, -1, -1, -1}));
+  EXPECT_EQ(PackBuckets(c, 4096 + 256, BucketSite::kFirstMember, 5),
+            (std::vector<int64_t>{5, 5, 5, 5, 5}));  // ids start at first_id
+}
+
+TEST(PackBuckets, KeysNeverMixAndIdsFollowClosingOrder) {
+  auto c = Candidates({8, 8, 8, 8, 8});
+  c[1].key = c[3].key = 7;
+  // key 0: {0, 2} closes at 4 (budget 16), {4} alone; key 7: {1, 3} still open at the end.
+  EXPECT_EQ(PackBuckets(c, 16, BucketSite::kFirstMember),
+            (std::vector<int64_t>{0, 1, 0, 1, -1}));
+  c[0].key = 7;  // key 7 first: {0, 1} closes at 3; key 0: {2, 4} open; key 7: {3} alone
+  EXPECT_EQ(PackBuckets(c, 16, BucketSite::kFirstMember),
+            (std::vector<int64_t>{0, 0, 1, -1, 1}));
+}
+
+TEST(PackBuckets, MembersMustBeAbleToRunAtTheSite) {
+  auto c = Candidates({8, 8, 8});
+  c[2].ready = 15;  // its input exists only after candidate 1 (position 10)
+  EXPECT_EQ(PackBuckets(c, 100, BucketSite::kFirstMember),
+            (std::vector<int64_t>{0, 0, -1}));  // cannot run at position 0
+  EXPECT_EQ(PackBuckets(c, 100, BucketSite::kLastMember),
+            (std::vector<int64_t>{0, 0, 0}));  // runs at 20: fine
+  c = Candidates({8, 8, 8});
+  c[0].deadline = 15;  // read before candidate 2 (position 20)
+  EXPECT_EQ(PackBuckets(c, 100, BucketSite::kLastMember),
+            (std::vector<int64_t>{0, 0, -1}));
+  EXPECT_EQ(PackBuckets(c, 100, BucketSite::kFirstMember),
+            (std::vector<int64_t>{0, 0, 0}));
+  c[2].position = 10;
+  EXPECT_THROW(PackBuckets(c, 100, BucketSite::kFirstMember), std::invalid_argument);
+}
+
+// Mirrors the Python test test_reduce_scatter_buckets_respect_uses_and_budget: gradients of
+// 32, 32, 64 and 16384 bytes; a bucket stands at its last member.
+TEST(BucketReduceScatters, RespectUsesAndBudget) {
+  // nodes: 0..3 full gradients (inputs), 4..7 their reduce-scatters, 8 a use of node 4.
+  const std::vector<int64_t> candidates = {4, 5, 6, 7};
+  const std::vector<double> bytes = {32, 32, 64, 16384};
+  const std::vector<int64_t> keys = {0, 0, 0, 0};
+  std::vector<int64_t> tails = {0, 1, 2, 3}, heads = {4, 5, 6, 7};
+  EXPECT_EQ(BucketReduceScatters(8, tails, heads, candidates, bytes, keys, 128),
+            (std::vector<int64_t>{0, 0, 0, -1}));
+  EXPECT_EQ(BucketReduceScatters(8, tails, heads, candidates, bytes, keys, 64),
+            (std::vector<int64_t>{0, 0, -1, -1}));
+  EXPECT_EQ(BucketReduceScatters(8, tails, heads, candidates, bytes, keys, 0),
+            (std::vector<int64_t>{-1, -1, -1, -1}));
+  // rs0's shard is read (node 5) before rs1 runs: rs0 cannot wait for a bucket at rs1.
+  // nodes: 0..3 inputs, 4 rs0, 5 neg(rs0), 6 rs1, 7 rs2, 8 rs3.
+  const std::vector<int64_t> later = {4, 6, 7, 8};
+  tails = {0, 4, 1, 2, 3}, heads = {4, 5, 6, 7, 8};
+  EXPECT_EQ(BucketReduceScatters(9, tails, heads, later, bytes, keys, 128),
+            (std::vector<int64_t>{-1, 0, 0, -1}));
+}
+
+TEST(BucketReduceScatters, RejectsBadArguments) {
+  const std::vector<int64_t> tails = {0}, heads = {1}, one = {1}, keys = {0};
+  const std::vector<double> bytes = {8};
+  const std::vector<int64_t> none;
+  const std::vector<double> no_bytes;
+  EXPECT_THROW(BucketReduceScatters(2, tails, none, one, bytes, keys, 64), std::invalid_argument);
+  EXPECT_THROW(BucketReduceScatters(2, tails, heads, one, no_bytes, keys, 64),
+               std::invalid_argument);
+  EXPECT_THROW(BucketReduceScatters(1, tails, heads, one, bytes, keys, 64),
+               std::invalid_argument);  // edge head out of range
+  const std::vector<int64_t> out = {5};
+  EXPECT_THROW(BucketReduceScatters(2, tails, heads, out, bytes, keys, 64),
+               std::invalid_argument);
 }
 
 TEST(RegatherSchedule, Deterministic) {
   ThreeLayers m;
-  ScheduleOptions o;
-  const RegatherSchedule a = ScheduleRegathers(m.g.View(), m.order, m.g.movable, m.g.is_gather, o);
-  const RegatherSchedule b = ScheduleRegathers(m.g.View(), m.order, m.g.movable, m.g.is_gather, o);
+  const ScheduleOptions o(4, -1, 0);
+  const RegatherSchedule a = m.g.Schedule(m.order, o);
+  const RegatherSchedule b = m.g.Schedule(m.order, o);
   EXPECT_EQ(a.order, b.order);
 }
 

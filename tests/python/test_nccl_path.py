@@ -122,7 +122,7 @@ def _nccl_training(rank, world, kind, config_name="unbucketed"):
     records = list(recording_pg.log())
     figures = _check_log(records, world)
     reps = dcr.reports()
-    assert any(s.get("async_prefetched", 0) > 0 for r in reps for s in r.schedule), \
+    assert any(s.async_prefetched > 0 for r in reps for s in r.schedule), \
         "async prefetch stayed off on an NCCL group"
     # Every prefetched gather is waited on before anything reads it, in the final graphs (the
     # recording group leaves NaN in a gathered tensor until the wait, so a read before it
@@ -151,7 +151,7 @@ def _nccl_training(rank, world, kind, config_name="unbucketed"):
         assert not packed_records
         # On NCCL no in-flight limit: several gathers outstanding at once, in the graphs and
         # on the wire.
-        assert max(s.get("max_in_flight", 0) for r in reps for s in r.schedule) > 1
+        assert max(s.max_in_flight for r in reps for s in r.schedule) > 1
         assert figures["most_in_flight"] > 1, figures
     assert dist.group.WORLD.pending() == 0
     # Every rank issued the same collectives in the same order (what NCCL needs to not hang).

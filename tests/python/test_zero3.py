@@ -95,10 +95,10 @@ def _async_prefetch(rank, world, kind):
                              async_gathers="on")
     _train_and_compare(rank, world, kind, True, config)
     rep = dcr.reports()[-1]
-    assert any(s.get("async_prefetched", 0) > 0 for s in rep.schedule), rep.schedule
+    assert any(s.async_prefetched > 0 for s in rep.schedule), rep.schedule
     assert any("allgather_cast_wait" in op for op in rep.backward_ops)
     # gloo: one gather in flight at a time, a precaution (schedule._in_flight_limit's docstring)
-    assert all(s.get("max_in_flight", 0) <= 1 for r in dcr.reports() for s in r.schedule)
+    assert all(s.max_in_flight <= 1 for r in dcr.reports() for s in r.schedule)
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -150,7 +150,7 @@ def test_async_gathers_auto_is_synchronous_on_gloo():
 
 def _auto_on_gloo(rank, world):
     _train_and_compare(rank, world, "eager", True, dcr.RematConfig(prefetch_budget_bytes=1e12))
-    assert all(s.get("async_prefetched", 0) == 0 for r in dcr.reports() for s in r.schedule)
+    assert all(s.async_prefetched == 0 for r in dcr.reports() for s in r.schedule)
     assert not any("allgather_cast_wait" in op for r in dcr.reports() for op in r.backward_ops)
 
 
@@ -448,7 +448,7 @@ def _grads_with_buckets(rank, world, kind, bucket_bytes):
     _loss(run(idx)).backward()
     return ({n: p.grad.clone() for n, p in model.named_parameters()},
             zero3.CommStats.reduce_scatter_calls,
-            sum(s.get("reduce_scatter_buckets", 0) for r in dcr.reports() for s in r.schedule))
+            sum(s.reduce_scatter_buckets for r in dcr.reports() for s in r.schedule))
 
 
 def _bucketed_gradients(rank, world, kind):
@@ -518,12 +518,13 @@ def test_reduce_scatter_buckets_respect_uses_and_budget():
 
 
 def test_small_gathers_left_alone_are_packed():
-    """Small gathers at different points share a bucket where the first of them stood, within
+    """Small gathers at different points share a bucket where the first of them stands, within
     the byte budget; a gather whose shard is computed after that point, or a large one, does
-    not join."""
+    not join. The rule is the C++ schedule's (csrc/schedule/buckets.h); this checks that
+    zero3/schedule.py applies it to the graph."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from deepcompile_remat.zero3.schedule import _bucket_small_gathers
+    from deepcompile_remat.zero3.schedule import ScheduleOptions, schedule_gathers
 
     gather = torch.ops.dcr.allgather_cast.default
     with FakeTensorMode():
@@ -531,24 +532,28 @@ def test_small_gathers_left_alone_are_packed():
         full = {n: torch.empty(2 * n) for n in (4, 8, 1024)}
 
     def build():
+        # Each gather is used by its own add, in turn; `neg` (the last gather's shard) is
+        # computed after the first add, so after the first gather.
         g = torch.fx.Graph()
         x = g.placeholder("x")
         x.meta["val"] = full[4]
-        outs = []
+        shards = []
         for i, n in enumerate((4, 8, 1024, 4)):
             s = g.placeholder(f"shard{i}")
             s.meta["val"] = shard[n]
-            outs.append((s, n))
-        y = x
-        late = None
-        for item in outs + [None]:
-            s, n = item if item is not None else (late, 4)  # last: computed after the first
+            shards.append((s, n))
+        y, late = x, None
+        for item in shards + [None]:
+            s, n = item if item is not None else (late, 4)
             gth = g.call_function(gather, (s, 2, "0"))
             gth.meta["val"] = full[n]
+            total = g.call_function(torch.ops.aten.sum.default, (gth,))
+            total.meta["val"] = full[4].sum()
+            y = g.call_function(torch.ops.aten.add.default, (y, total))
+            y.meta["val"] = full[4]
             if late is None:
-                late = g.call_function(torch.ops.aten.neg.default, (outs[0][0],))
+                late = g.call_function(torch.ops.aten.neg.default, (shards[0][0],))
                 late.meta["val"] = shard[4]
-            y = g.call_function(torch.ops.aten.add.default, (y, gth)) if n == 4 else y
         g.output((y,))
         return torch.fx.GraphModule(torch.nn.Module(), g)
 
@@ -556,15 +561,20 @@ def test_small_gathers_left_alone_are_packed():
         return [[a.name for a in n.args[0]] for n in gm.graph.nodes
                 if n.target is torch.ops.dcr.allgather_cast_bucket.default]
 
+    def schedule(gm, bucket_bytes):
+        options = ScheduleOptions(max_prefetch=0, budget_bytes=-1.0,
+                                  bucket_bytes=float(bucket_bytes), async_gathers="off")
+        return schedule_gathers(gm, options, graph="fw").buckets
+
     gm = build()  # 32 + 64 + 32 bytes fit in 1000; 8 KB stays alone; `neg` is too late
-    assert _bucket_small_gathers(gm, 1000) == 1
+    assert schedule(gm, 1000) == 1
     assert buckets(gm) == [["shard0", "shard1", "shard3"]]
     gm.graph.lint()
     gm = build()  # 96 bytes: shard0 + shard1, then shard3 + neg (computed before shard3's gather)
-    assert _bucket_small_gathers(gm, 96) == 2
+    assert schedule(gm, 96) == 2
     assert buckets(gm) == [["shard0", "shard1"], ["shard3", "neg_default"]]
     gm.graph.lint()
-    assert _bucket_small_gathers(build(), 0) == 0
+    assert schedule(build(), 0) == 0
 
 
 def _param_dtype_like_fsdp2(rank, world, kind):

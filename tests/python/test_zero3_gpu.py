@@ -46,4 +46,4 @@ def test_gpu_training_step_matches_unsharded(nccl_world_one, kind):
     assert any(":bfloat16:" in c for c in rep.collectives
                if "allgather_cast" in c or "all_gather" in c)
     # NCCL: gathers the schedule moved ahead run as async start/wait pairs ("auto").
-    assert any(s.get("async_prefetched", 0) > 0 for s in rep.schedule), rep.schedule
+    assert any(s.async_prefetched > 0 for s in rep.schedule), rep.schedule
