@@ -7,7 +7,8 @@ A part is a top-level entry of the package: a subpackage (partition/, zero3/, ..
 The product is everything but the harness (harness/, bench/, profile/: measurement code) and
 the command line (cli.py, __main__.py). Among the product, the partitioner knows nothing of
 ZeRO-3 (the runtime plugs in through PartitionHook) and the ZeRO-3 runtime does not reach into
-the partitioner; FX facts both need live in fx_values. The harness sits on the product;
+the partitioner; FX facts both need live in fx_values, and
+fx_arrays is the one bridge from FX graphs to the arrays the C++ core reads. The harness sits on the product;
 bench/ and profile/ share harness/ and never import each other.
 """
 import ast
@@ -23,17 +24,18 @@ ALLOWED: dict[str, set[str]] = {
     "_cuda": set(),
     "config": set(),
     "fx_values": set(),
+    "fx_arrays": {"fx_values"},
     "mincut": {"_C"},
     "comm": {"_C", "_cuda"},
-    "partition": {"_C", "config", "fx_values"},
-    "zero3": {"_C", "comm", "config", "fx_values"},
+    "partition": {"_C", "config", "fx_arrays", "fx_values"},
+    "zero3": {"_C", "comm", "config", "fx_arrays", "fx_values"},
     "backends": {"config", "partition", "zero3"},
     PACKAGE_API: {"_C", "config", "partition", "backends"},
     "deepspeed": {"backends", "config", "zero3"},
     # harness
     "harness": set(),
     "bench": {"config", "deepspeed", "harness", "mincut", "partition"},
-    "profile": {PACKAGE_API, "_C", "backends", "config", "deepspeed", "fx_values", "harness",
+    "profile": {PACKAGE_API, "_C", "backends", "config", "deepspeed", "fx_arrays", "fx_values", "harness",
                 "partition", "zero3"},
     # command line
     "cli": {"bench", "profile"},
