@@ -10,21 +10,21 @@ to FX nodes.
     sweep = BudgetSweep(graph, policy="conservative")
     decision = sweep.choose(resolve_budget(0.5, sweep.default_saved_bytes()))
 
-Not wired into partitioner.py / RematConfig yet: budget_partition_fn is a standalone
-AOTAutograd partition function for trying it.
+The partitioner calls decide() when RematConfig.memory_budget is set; the report then
+carries a BudgetSummary (partition/report.py).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.fx as fx
 
 from deepcompile_remat import _C
-from deepcompile_remat.partition import extract, fx_export
+from deepcompile_remat.partition import fx_export
 
 aten = torch.ops.aten
 BudgetInfeasibleError = _C.BudgetInfeasibleError
@@ -204,16 +204,27 @@ class BudgetSweep:
         return float(sum(self.save_bytes[i] for i in saved))
 
 
-def resolve_budget(memory_budget: Union[int, float], default_saved_bytes: float) -> float:
-    """Budget in bytes: a float in (0, 1] is a fraction of what the default cut saves; an int
-    (or a float above 1) is bytes per graph."""
+def resolve_budget(memory_budget: float, default_saved_bytes: float) -> float:
+    """Budget in bytes (RematConfig.memory_budget): a number <= 1 is a fraction of what the
+    default cut saves; a number > 1 is bytes per graph."""
     if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)):
         raise TypeError(f"memory_budget must be a number, got {type(memory_budget).__name__}")
-    if not math.isfinite(memory_budget) or memory_budget <= 0:
-        raise ValueError(f"memory_budget must be positive and finite, got {memory_budget}")
-    if isinstance(memory_budget, float) and memory_budget <= 1.0:
-        return math.floor(memory_budget * default_saved_bytes)
-    return float(memory_budget)
+    if not math.isfinite(memory_budget) or memory_budget < 0:
+        raise ValueError(f"memory_budget must be >= 0 and finite, got {memory_budget}")
+    if memory_budget <= 1:
+        return float(math.floor(memory_budget * default_saved_bytes))
+    return float(math.floor(memory_budget))
+
+
+def decide(graph: fx_export.ExportedJointGraph, *, memory_budget: float, policy: str,
+           mark_parameter_aliases: bool) -> tuple[np.ndarray, np.ndarray, BudgetDecision, float]:
+    """The partitioner's budget-mode decision: (saved node ids, node_info, BudgetDecision,
+    the default cut's saved bytes). Raises BudgetInfeasibleError below the smallest feasible
+    budget."""
+    sweep = BudgetSweep(graph, policy=policy, mark_parameter_aliases=mark_parameter_aliases)
+    default = sweep.default_saved_bytes()
+    decision = sweep.choose(resolve_budget(memory_budget, default))
+    return decision.point.saved_ids, sweep.node_info, decision, default
 
 
 # --- tracing helpers ---------------------------------------------------------------------------
@@ -241,34 +252,3 @@ def trace_joint_graph(fn: Callable, args: Sequence[torch.Tensor], *,
     nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
     aot_function(fn, fw_compiler=nop, bw_compiler=nop, partition_fn=capture)(*args)
     return captured["graph"]
-
-
-def budget_partition_fn(memory_budget: Union[int, float], *, policy: str = "conservative",
-                        parameter_indices: Sequence[int] = (),
-                        decisions: Optional[list] = None) -> Callable[..., Any]:
-    """An AOTAutograd partition function that cuts at the budget's decision (for trying the
-    mode; the partitioner proper is not wired to it yet). Appends each BudgetDecision to
-    `decisions` when given."""
-    from deepcompile_remat.config import RematConfig
-    from deepcompile_remat.partition.partitioner import _prepare_joint_graph
-
-    def partition(joint, joint_inputs, *, num_fwd_outputs, **_unused):
-        _prepare_joint_graph(joint, RematConfig(policy=policy), ())
-        graph = fx_export.export_joint_graph(
-            joint, num_fwd_outputs=num_fwd_outputs,
-            static_lifetime_input_indices=parameter_indices, parameter_indices=parameter_indices)
-        sweep = BudgetSweep(graph, policy=policy)
-        decision = sweep.choose(resolve_budget(memory_budget, sweep.default_saved_bytes()))
-        if decisions is not None:
-            decisions.append(decision)
-        saved = [graph.nodes[i] for i in decision.point.saved_ids]
-        sym = [n for n in saved if extract.is_sym_node(n)]
-        opaque = [n for n in saved if extract.is_opaque_node(n)]
-        tensors = [n for n in saved if n not in sym and n not in opaque]
-        primals = [n for n in joint.graph.nodes if fx_export.is_primal(n)]
-        static = {p for i, p in enumerate(primals) if i in set(parameter_indices)}
-        return extract.extract_fwd_bwd_modules(
-            joint, tensors, sym, opaque, num_fwd_outputs=num_fwd_outputs,
-            static_lifetime_input_nodes=static)
-
-    return partition

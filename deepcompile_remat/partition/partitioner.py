@@ -26,7 +26,7 @@ import torch.fx as fx
 from deepcompile_remat import _C
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_values import observed_bytes, symbolic_bytes
-from deepcompile_remat.partition import extract, fx_export, report
+from deepcompile_remat.partition import budget, extract, fx_export, report
 
 PartitionConflictError = _C.PartitionConflictError
 log = logging.getLogger(__name__)
@@ -161,6 +161,31 @@ def partition_joint_graph(
             parameter_indices=parameter_indices, hooks=tuple(hooks))
 
 
+def _decide(graph, config: RematConfig):
+    """(saved node ids, node_info, BudgetSummary or None): the ordinary cut, or the budget
+    mode's choice (partition/budget.py) when config.memory_budget is set."""
+    try:
+        if config.memory_budget is None:
+            saved_ids, _, node_info = _C.partition_joint_graph(
+                *graph.arrays(), _POLICY[config.policy], config.mark_parameter_aliases)
+            return saved_ids, node_info, None
+        saved_ids, node_info, decision, default_bytes = budget.decide(
+            graph, memory_budget=config.memory_budget, policy=config.policy,
+            mark_parameter_aliases=config.mark_parameter_aliases)
+    except PartitionConflictError as err:
+        raise PartitionConflictError(_conflict_message(err, graph)) from err
+    summary = report.BudgetSummary(
+        budget_bytes=decision.budget_bytes, default_saved_bytes=default_bytes,
+        saved_bytes=decision.point.saved_bytes,
+        recompute_cost=decision.point.recompute_cost,
+        hull_cost_at_budget=decision.hull_cost_at_budget,
+        optimality_gap=decision.optimality_gap)
+    log.info("deepcompile_remat: memory budget %.0f bytes: saves %.0f bytes, recomputes %.3g "
+             "flops (at most %.3g above the best possible)", summary.budget_bytes,
+             summary.saved_bytes, summary.recompute_cost, summary.optimality_gap)
+    return saved_ids, node_info, summary
+
+
 def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_lifetime_input_indices,
                            parameter_indices, hooks):
     t_start = time.perf_counter()
@@ -171,11 +196,7 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
         joint_module, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=static,
         parameter_indices=parameter_indices)
     t1 = time.perf_counter()
-    try:
-        saved_ids, _, node_info = _C.partition_joint_graph(
-            *graph.arrays(), _POLICY[config.policy], config.mark_parameter_aliases)
-    except PartitionConflictError as err:
-        raise PartitionConflictError(_conflict_message(err, graph)) from err
+    saved_ids, node_info, budget_summary = _decide(graph, config)
     t2 = time.perf_counter()
 
     saved_nodes = [graph.nodes[i] for i in saved_ids]
@@ -219,7 +240,7 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
         prepare_s=t0 - t_start, export_s=t1 - t0, solve_s=t2 - t1, extract_s=t3 - t2,
         forward_ops=_ops_of(fw_module), backward_ops=_ops_of(bw_module),
         collectives=_collectives_of("fw", fw_module) + _collectives_of("bw", bw_module),
-        schedule=schedule)
+        schedule=schedule, budget=budget_summary)
     report.record(rep, config.keep_reports)
     return fw_module, bw_module
 

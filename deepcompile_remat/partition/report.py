@@ -20,6 +20,19 @@ class SavedValue:
 
 
 @dataclass(frozen=True)
+class BudgetSummary:
+    """Memory-budget mode's decision for one graph (RematConfig.memory_budget): no cut within
+    budget_bytes recomputes less than hull_cost_at_budget, so the chosen one is at most
+    optimality_gap flops from the best."""
+    budget_bytes: float
+    default_saved_bytes: float  # what the ordinary cut saves (a fractional budget's base)
+    saved_bytes: float  # 1x bytes of the saved values, parameters free (the budget's measure)
+    recompute_cost: float  # flops the backward recomputes (partition/budget.py estimate)
+    hull_cost_at_budget: float
+    optimality_gap: float
+
+
+@dataclass(frozen=True)
 class PartitionReport:
     graph_nodes: int
     policy: str
@@ -36,6 +49,7 @@ class PartitionReport:
     backward_ops: tuple[str, ...] = field(repr=False, default=())
     collectives: tuple[str, ...] = ()  # "fw|bw:op:dtype:numel" per gather / reduce-scatter
     schedule: tuple = ()  # per graph: the hooks' figures (zero3: schedule.ScheduleFigures)
+    budget: BudgetSummary | None = None  # budget mode's decision; None: the ordinary cut
 
     @property
     def saved_bytes(self) -> int:

@@ -87,21 +87,40 @@ def test_recompute_cost_counts_matmul_flops(graph):
 
 @pytest.mark.parametrize("fraction", [0.34, 0.67, 1.0])
 def test_numerics_equal_eager(fraction):
+    """(e) through the partitioner proper: RematConfig(memory_budget=...) gives eager's
+    gradients bit for bit, and the report says the budget held."""
+    import deepcompile_remat as dcr
+    from deepcompile_remat.config import RematConfig
+    from deepcompile_remat.partition import clear_reports, reports
+
     ref = _inputs(1)
     mlp(*ref).sum().backward()
     args = _inputs(1)
-    decisions = []
+    clear_reports()
     nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
-    part = budget.budget_partition_fn(fraction, parameter_indices=[1, 2, 3], decisions=decisions)
+    part = dcr.make_partition_fn(RematConfig(memory_budget=fraction, parameter_indices=(1, 2, 3)))
     try:
         out = aot_function(mlp, fw_compiler=nop, bw_compiler=nop, partition_fn=part)(*args)
     except budget.BudgetInfeasibleError as err:
         assert fraction < 1.0 and "smallest feasible" in str(err)
         return
     out.sum().backward()
-    assert decisions and decisions[0].point.saved_bytes <= decisions[0].budget_bytes
+    (rep,) = reports()
+    assert rep.budget is not None and rep.budget.saved_bytes <= rep.budget.budget_bytes
+    assert rep.budget.optimality_gap >= 0
     for a, r in zip(args, ref):
         torch.testing.assert_close(a.grad, r.grad, rtol=0, atol=0)
+
+
+def test_impossible_budget_names_the_smallest_feasible(graph):
+    """(a) A budget below every legal cut is an error that names the smallest feasible one."""
+    sweep = budget.BudgetSweep(graph)
+    smallest = sweep.hull()[0].saved_bytes
+    assert smallest > 0
+    with pytest.raises(budget.BudgetInfeasibleError) as err:
+        sweep.choose(smallest - 1)
+    assert err.value.min_bytes == smallest and f"{smallest:.0f}" in str(err.value)
+    assert sweep.choose(smallest).point.saved_bytes == smallest
 
 
 def test_chain_budget_reaches_sqrt_n_peak():

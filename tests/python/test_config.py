@@ -129,3 +129,20 @@ def test_make_partition_fn_is_off_when_disabled():
     assert not hasattr(partition, "make_partition_fn")
     with pytest.raises(TypeError, match="RematConfig"):
         dcr.make_partition_fn({"policy": "aggressive"})
+
+
+@pytest.mark.parametrize("value,why", [(-0.5, "must be >= 0, got -0.5"),
+                                       (math.nan, "must be a finite number, got nan"),
+                                       (True, "must be a number, got True"),
+                                       ("50%", "must be a number, got '50%'")])
+def test_memory_budget_is_a_non_negative_number_or_null(value, why):
+    """Budget mode: a fraction (<= 1) or bytes (> 1); also from the ds_config block."""
+    from deepcompile_remat.deepspeed import config_from_deepspeed
+
+    with pytest.raises(ValueError, match=rf"RematConfig.memory_budget {why}"):
+        RematConfig(memory_budget=value)
+    assert RematConfig().memory_budget is None
+    got = config_from_deepspeed({"deepcompile_remat": {"memory_budget": 0.5}})
+    assert got == RematConfig(memory_budget=0.5)
+    assert config_from_deepspeed({"deepcompile_remat": {"memory_budget": 2 ** 30}}) \
+        .memory_budget == 2.0 ** 30

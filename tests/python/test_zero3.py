@@ -89,6 +89,33 @@ def test_two_rank_training_matches_single_process(kind, autocast):
     run_ranks(_train_and_compare, 2, kind, autocast)
 
 
+def _budget_mode(rank, world, kind, fraction):
+    from deepcompile_remat.partition import clear_reports, reports
+
+    clear_reports()
+    _train_and_compare(rank, world, kind, False, dcr.RematConfig(memory_budget=fraction))
+    decided = [r for r in reports() if r.budget is not None]
+    assert decided, "budget mode made no decision"
+    for r in decided:
+        assert r.budget.saved_bytes <= r.budget.budget_bytes
+        assert r.budget.budget_bytes <= fraction * r.budget.default_saved_bytes
+        assert not [v.name for v in r.saved if v.parameter and v.name in r.parameter_aliases]
+    assert any(r.budget.saved_bytes < r.budget.default_saved_bytes for r in decided)
+    mine = [(r.budget.budget_bytes, r.budget.saved_bytes, r.budget.recompute_cost,
+             tuple(v.name for v in r.saved), r.recomputed) for r in decided]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    assert all(theirs == everyone[0] for theirs in everyone), "ranks decided differently"
+
+
+@pytest.mark.parametrize("kind", ["eager", "inductor"])
+def test_budget_mode_trains_like_one_process_and_decides_alike_on_every_rank(kind):
+    """Memory-budget mode under the ZeRO-3 runtime on 2 ranks: (e) training matches one
+    unsharded process, (a) every graph's saved bytes fit its budget, (d) every rank makes the
+    same decision (budget, saved set, recomputed ops)."""
+    run_ranks(_budget_mode, 2, kind, 0.6)
+
+
 def _async_prefetch(rank, world, kind):
     # A budget that allows prefetching: gathers move ahead and become start/wait pairs.
     config = dcr.RematConfig(max_prefetch=2, prefetch_budget_bytes=1e12, bucket_bytes=0,
