@@ -123,7 +123,8 @@ class RematPartitioner(CustomPartitionerFn):
         return self._partition_fn(gm, joint_inputs, **kwargs)
 
     def uuid(self) -> str:
-        # Stable across processes: same sources, config and parameter layout -> same key.
+        """The FX-graph cache key of this partitioner: stable across processes, so the same
+        sources, config and parameter layout give the same key (and a cache hit)."""
         return (f"deepcompile_remat:{_source_digest()}:{self.config!r}:{self.parameter_indices}:"
                 f"{self.num_graph_inputs}")
 

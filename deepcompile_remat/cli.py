@@ -26,6 +26,8 @@ SUBCOMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The deepcompile-remat parser: one subcommand per SUBCOMMANDS entry, its first docstring
+    line as help, its run function as the `run` default."""
     parser = argparse.ArgumentParser(
         prog="deepcompile-remat", description="deepcompile_remat command-line tools")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -38,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parses `argv` (default: sys.argv[1:]) and runs the chosen subcommand; returns its exit
+    status."""
     args = build_parser().parse_args(argv)
     return args.run(args)
 

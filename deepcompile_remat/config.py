@@ -25,6 +25,9 @@ BACKEND_KINDS: tuple[str, ...] = typing.get_args(BackendKind)  # what backend(ki
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RematConfig:
+    """Everything deepcompile_remat does, in one frozen object: the backends, zero3.shard and
+    the DeepSpeed takeover all read it. Fields are documented one by one below; construction
+    checks every field (see the module docstring)."""
     enabled: bool = True
     """False: the product is off. The backends compile with torch's own partitioner
     (min_cut_rematerialization_partition), no ZeRO-3 marking, no graph passes, no reports;

@@ -33,6 +33,7 @@ _ALGORITHMS = {
 
 @dataclass(frozen=True)
 class MinCut:
+    """A minimum s-t cut and the maximum flow that proves it (min_st_cut's result)."""
     value: float
     """Capacity of the cut: the sum of capacities of `cut_arcs`."""
     source_side: np.ndarray

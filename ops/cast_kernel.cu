@@ -87,10 +87,10 @@ void CheckCuda(cudaError_t err, const char* what) {
   }
 }
 
-void CastIntoSlots(const std::vector<CastDescriptor>& descs, CastTarget target,
-                   CudaCastOptions options, cudaStream_t stream) {
-  const bool bf16 = target == CastTarget::kBFloat16;
-  const bool quiet = options.nan_mode == castbits::kNanQuiet;
+void CastIntoSlots(const std::vector<CastDescriptor>& descs, HalfType target,
+                   CastOptions options, cudaStream_t stream) {
+  const bool bf16 = target == HalfType::kBFloat16;
+  const bool quiet = options.nan_mode == NanMode::kQuiet;
   const uint16_t nan = options.canonical_nan;
   if (bf16 && quiet) LaunchTyped<castbits::kNanQuiet, true>(descs, nan, stream);
   if (bf16 && !quiet) LaunchTyped<castbits::kNanCanonical, true>(descs, nan, stream);

@@ -3,13 +3,17 @@
 // the CPU kernel (csrc/kernels/cast_bits.h), so results are bit-identical to it and, with the
 // NaN options Python probes from torch, to torch's own CUDA cast.
 //
-// Plain C++ interface (no torch, no pybind11): raw device pointers and a cudaStream_t.
+// Plain C++ interface (no torch, no pybind11): raw device pointers and a cudaStream_t. The
+// target and NaN options are the CPU kernel's own types (kernels/cast.h), built and checked by
+// kernels/cast_options.h, so both kernels take one set of rules.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <vector>
+
+#include "kernels/cast.h"
 
 namespace dcr::cuda {
 
@@ -22,13 +26,6 @@ struct CastDescriptor {
   int64_t n;
 };
 
-enum class CastTarget : int { kBFloat16 = 0, kFloat16 = 1 };
-
-struct CudaCastOptions {
-  uint32_t nan_mode = 0;  // castbits::kNanQuiet or castbits::kNanCanonical
-  uint16_t canonical_nan = 0x7FFF;
-};
-
 // Casts every descriptor's shard into its slot, all on `stream`. Descriptors travel as a
 // kernel parameter (a by-value array in the constant bank, up to kDescriptorsPerLaunch per
 // launch; larger buckets take ceil(count / kDescriptorsPerLaunch) launches). A device array
@@ -36,8 +33,8 @@ struct CudaCastOptions {
 // the copy ran, i.e. a host stall behind the compute stream; a parameter has neither.
 // Throws std::runtime_error on a launch error.
 constexpr int kDescriptorsPerLaunch = 128;  // 3 KiB of parameters: under the classic 4 KiB
-void CastIntoSlots(const std::vector<CastDescriptor>& descs, CastTarget target,
-                   CudaCastOptions options, cudaStream_t stream);
+void CastIntoSlots(const std::vector<CastDescriptor>& descs, HalfType target,
+                   CastOptions options, cudaStream_t stream);
 
 // Throws std::runtime_error naming `what` when err != cudaSuccess.
 void CheckCuda(cudaError_t err, const char* what);

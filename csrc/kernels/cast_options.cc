@@ -49,11 +49,15 @@ ShardSlot MakeShardSlot(Fp32Buffer shard, HalfBuffer output, int64_t slot_offset
   return s;
 }
 
+void CheckOneEntryPerShard(size_t srcs, size_t dsts, size_t third, const std::string& lists) {
+  if (srcs != dsts || srcs != third) {
+    throw std::invalid_argument(lists + " must have the same length");
+  }
+}
+
 std::vector<ShardSlot> MakeShardSlots(Span<Fp32Buffer> shards, Span<HalfBuffer> outputs,
                                       Span<int64_t> slot_offsets) {
-  if (shards.size != outputs.size || shards.size != slot_offsets.size) {
-    throw std::invalid_argument("srcs, dsts and offsets must have the same length");
-  }
+  CheckOneEntryPerShard(shards.size, outputs.size, slot_offsets.size, "srcs, dsts and offsets");
   std::vector<ShardSlot> slots;
   slots.reserve(shards.size);
   for (size_t i = 0; i < shards.size; ++i) {

@@ -40,6 +40,10 @@ struct HalfBuffer {
 // std::invalid_argument if that slot does not lie inside `output`.
 ShardSlot MakeShardSlot(Fp32Buffer shard, HalfBuffer output, int64_t slot_offset);
 
+// std::invalid_argument unless a bucket call's three per-shard lists (sources, destinations and
+// one more: offsets or counts) have equal length; `lists` names them for the message.
+void CheckOneEntryPerShard(size_t srcs, size_t dsts, size_t third, const std::string& lists);
+
 // One slot per shard (MakeShardSlot); std::invalid_argument unless the three have equal length.
 std::vector<ShardSlot> MakeShardSlots(Span<Fp32Buffer> shards, Span<HalfBuffer> outputs,
                                       Span<int64_t> slot_offsets);

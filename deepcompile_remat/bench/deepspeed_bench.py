@@ -46,6 +46,8 @@ def _workload(a: argparse.Namespace):
 
 
 def ds_config(setup: str, a: argparse.Namespace) -> dict:
+    """The DeepSpeed config of `setup` ("stock", "stock-compiled" or "ours"): ZeRO-3, the
+    "deepcompile_remat" block enabled only for "ours", the precision and release flags of `a`."""
     cfg = {"train_micro_batch_size_per_gpu": a.batch, "steps_per_print": 10 ** 9,
            "zero_allow_untested_optimizer": True,
            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
@@ -137,6 +139,8 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds bench-deepspeed's flags (model, world, steps, precision, backend, setups) to
+    `parser`."""
     parser.add_argument("--json", action="store_true")
     from deepcompile_remat.harness.workload import add_model_arguments
 

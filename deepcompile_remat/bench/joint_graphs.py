@@ -26,6 +26,8 @@ PAGE = 4096
 
 @dataclass(frozen=True)
 class JointGraph:
+    """A synthetic joint graph as the flow-network arrays take it: per-node save costs, data
+    edges, and the source and sink terminals of the min-cut formulation."""
     node_costs: np.ndarray  # float64[n], cost of saving each node (bytes, x2 if fusible)
     edge_tails: np.ndarray  # int64[e], data edges producer -> consumer
     edge_heads: np.ndarray
@@ -35,6 +37,7 @@ class JointGraph:
 
     @property
     def num_nodes(self) -> int:
+        """Nodes in the joint graph (before the node split doubles them)."""
         return len(self.node_costs)
 
 

@@ -20,6 +20,8 @@ DEFAULT_LAYERS = (2, 8, 24, 48)
 
 @dataclass
 class JointCapture:
+    """One joint graph as AOTAutograd handed it to the partitioner, with the arguments both
+    partitioners are called with."""
     joint: object  # fx.GraphModule
     num_fwd_outputs: int
     static_lifetime_input_indices: list
@@ -27,6 +29,9 @@ class JointCapture:
 
 @dataclass
 class PartitionRow:
+    """One model depth's result: both partitioners' wall times, decision times (ours: export +
+    C++ solve; torch: classify + networkx), saved and activation bytes, and compute-intensive
+    ops recomputed in the backward."""
     layers: int
     nodes: int
     ours_ms: float
@@ -44,6 +49,8 @@ class PartitionRow:
 
 
 def capture_joint_graph(layers: int, *, d_model: int, seq: int, autocast: bool) -> JointCapture:
+    """The joint forward/backward graph of a `layers`-deep GPT, captured once through
+    torch.compile with AOTAutograd (under CPU bf16 autocast when `autocast`)."""
     import torch
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
@@ -89,6 +96,8 @@ def _saved_stats(fw_module, bw_module, num_fwd_outputs, param_names):
 
 
 def bench_one(layers: int, *, d_model: int, seq: int, autocast: bool, policy: str) -> PartitionRow:
+    """Partitions one captured joint graph with ours and with torch's min-cut partitioner, each
+    on its own deep copy, and returns their times and results as a PartitionRow."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from deepcompile_remat.config import RematConfig
@@ -156,6 +165,7 @@ def torch_decision_seconds(joint, *, num_fwd_outputs, static_lifetime_input_indi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds bench-partition's flags (depths, model size, policy, autocast) to `parser`."""
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     parser.add_argument("--layers", type=int, nargs="+", default=list(DEFAULT_LAYERS),
                         help=f"GPT depths to capture (default {' '.join(map(str, DEFAULT_LAYERS))})")
@@ -166,6 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def format_table(rows: list[PartitionRow]) -> str:
+    """The rows as a fixed-width text table, one line per model depth."""
     head = (f"{'layers':>6} {'nodes':>7} {'ours ms':>9} {'torch ms':>10} {'speedup':>8} "
             f"{'decide ours':>12} {'decide torch':>13} {'speedup':>8} "
             f"{'ours saved MB':>14} {'torch saved MB':>15} {'ours act MB':>12} "

@@ -25,6 +25,7 @@ DEFAULT_SIZES = (1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds bench-solver's flags (largest size, networkx time limit, seed) to `parser`."""
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows")
     parser.add_argument("--max-nodes", type=int, default=DEFAULT_SIZES[-1],
                         help="largest joint-graph size to run (default %(default)s)")
@@ -90,6 +91,8 @@ def networkx_min_cut_value(net: SplitNetwork, budget_s: float):
 
 
 def measure_size(num_nodes: int, seed: int, run_networkx: bool) -> dict:
+    """One row for a joint graph of about `num_nodes` nodes: the median solve time of Dinic and
+    Boykov-Kolmogorov, of networkx when `run_networkx`, and whether all cut values agree."""
     graph = joint_graph_with_about(num_nodes, seed)
     net = split_network(graph.node_costs, graph.edge_tails, graph.edge_heads,
                         graph.source_nodes, graph.sink_nodes)
@@ -123,6 +126,8 @@ def measure_size(num_nodes: int, seed: int, run_networkx: bool) -> dict:
 
 def benchmark(sizes: Sequence[int], networkx_limit_s: float, seed: int = 0,
               progress: Optional[Callable[[str], None]] = None) -> list[dict]:
+    """One measure_size row per size, in order. networkx is dropped from the first size where
+    its last solve took, or is predicted to take, longer than networkx_limit_s."""
     rows: list[dict] = []
     networkx_on = True
     for size in sizes:
@@ -139,6 +144,7 @@ def benchmark(sizes: Sequence[int], networkx_limit_s: float, seed: int = 0,
 
 
 def format_rows(rows: Sequence[dict], networkx_limit_s: float) -> str:
+    """The rows as a text table, with a note on what each column means."""
     skipped = f"skipped (>{networkx_limit_s:g} s)"
     columns = [
         ("nodes", lambda r: f"{r['nodes']:,}"),

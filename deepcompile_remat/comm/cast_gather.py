@@ -51,6 +51,8 @@ class GatherHandle:
         self._done = False
 
     def wait(self) -> List[torch.Tensor]:
+        """Waits for every collective of the bucket (once; later calls return at once) and returns
+        the gathered outputs."""
         if not self._done:
             for work in self._works:
                 work.wait()
@@ -58,6 +60,7 @@ class GatherHandle:
         return self._outputs
 
     def is_completed(self) -> bool:
+        """True when every collective has finished, without waiting."""
         return self._done or all(work_completed(w) for w in self._works)
 
 

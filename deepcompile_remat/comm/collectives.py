@@ -36,6 +36,7 @@ def backend_name(group, device_type: str) -> str:
 
 
 def is_nccl(group, device_type: str) -> bool:
+    """True when `group` runs its `device_type` collectives on NCCL."""
     return backend_name(group, device_type) == "nccl"
 
 

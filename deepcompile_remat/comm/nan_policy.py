@@ -24,6 +24,7 @@ _TARGETS = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 class NanOption(NamedTuple):
+    """The cast kernels' NaN arguments (nan_mode, canonical_nan) that reproduce one torch cast."""
     nan_mode: str        # "quiet" or "canonical"
     canonical_nan: int   # used by "canonical"
 

@@ -42,6 +42,8 @@ def warn_if_other_version() -> None:
 
 
 def stage3_optimizer_class():
+    """DeepSpeed's ZeRO-3 optimizer class (imported on call, so importing this module needs no
+    DeepSpeed)."""
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
     return DeepSpeedZeroOptimizer_Stage3

@@ -22,11 +22,15 @@ from deepcompile_remat.deepspeed import _ds_internals as ds
 
 
 def ds_parameter_indices(example_inputs) -> list:
+    """Positions of the graph inputs that are DeepSpeed ZeRO-3 parameters (they carry ds_id)."""
     return [i for i, x in enumerate(example_inputs) if hasattr(x, "ds_id")]
 
 
 @contextlib.contextmanager
 def our_partitioner(remat, parameter_indices, num_graph_inputs):
+    """Context manager: while it is open, both partitioner entry points DeepCompile uses (the
+    eager backend's module-global and inductor's custom_partitioner_fn) are our
+    RematPartitioner; both are restored on exit."""
     import torch._inductor.config as inductor_config
 
     from deepcompile_remat.backends import RematPartitioner

@@ -79,6 +79,7 @@ def uninstall() -> None:
 
 
 def installed() -> bool:
+    """True while install() is in effect (deepspeed.initialize is ours)."""
     import deepspeed
 
     return bool(getattr(deepspeed.initialize, "_dcr_initialize", False))

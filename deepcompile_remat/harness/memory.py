@@ -90,6 +90,9 @@ def profiled(**kwargs):
 
 @dataclass
 class StepMemory:
+    """One training step's memory, from the profiler's allocator events: the peaks (whole step,
+    forward, backward) and the forward/backward boundary, all relative to the step's start,
+    plus the timeline they were read from."""
     start_bytes: float        # allocator total when the step began (model state, inputs)
     peak_bytes: float         # largest total over the step, minus start_bytes
     fw_peak_bytes: float      # ... up to the end of the forward (loss included)
@@ -97,8 +100,8 @@ class StepMemory:
     boundary_bytes: float     # alive when the forward ends: what it keeps for the backward
     t_ms: np.ndarray          # timeline: time since the step began
     live_bytes: np.ndarray    # ... and total minus start_bytes after each event
-    fw_end_ms: float
-    bw_end_ms: float
+    fw_end_ms: float          # when the forward ended (t_ms's clock)
+    bw_end_ms: float          # when the step ended (gradients released)
 
 
 def step_marks(tree, names=MARKS) -> dict:
@@ -183,6 +186,8 @@ class CudaStepPeaks:
         self.start = self.fw = self.bw = self.boundary = 0.0
 
     def begin(self) -> None:
+        """Marks the step's start: synchronizes, resets the peak counter and records the allocated
+        total as the baseline."""
         import torch
 
         torch.cuda.synchronize(self.device)
@@ -190,6 +195,8 @@ class CudaStepPeaks:
         self.start = float(torch.cuda.memory_allocated(self.device))
 
     def forward_done(self) -> None:
+        """Marks the forward's end: records its peak and what stays alive for the backward, then
+        resets the peak counter for the backward."""
         import torch
 
         self.fw = float(torch.cuda.max_memory_allocated(self.device)) - self.start
@@ -197,6 +204,7 @@ class CudaStepPeaks:
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def step_done(self) -> None:
+        """Marks the step's end: synchronizes and records the backward's peak."""
         import torch
 
         torch.cuda.synchronize(self.device)

@@ -33,6 +33,7 @@ class MLP(nn.Module):
         self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
     def forward(self, x):
+        """fc2(gelu(fc1(x)))."""
         return self.fc2(F.gelu(self.fc1(x)))
 
 
@@ -44,6 +45,7 @@ class LayerNormNet(nn.Module):
         self.norm, self.fc = nn.LayerNorm(d), nn.Linear(d, d)
 
     def forward(self, x):
+        """tanh(fc(norm(x)))."""
         return self.fc(self.norm(x)).tanh()
 
 
@@ -56,6 +58,7 @@ class SoftmaxAttention(nn.Module):
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
 
     def forward(self, x):
+        """Causal multi-head self-attention over x of shape (batch, time, d); same shape out."""
         b, t, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
@@ -77,6 +80,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x):
+        """x plus attention of ln1(x), then plus the MLP of ln2 of that."""
         x = x + self.drop(self.attn(self.ln1(x)))
         return x + self.drop(self.mlp(self.ln2(x)))
 
@@ -92,6 +96,7 @@ class GPT(nn.Module):
         self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
 
     def forward(self, idx):
+        """Logits (batch, time, vocab) for token ids `idx` of shape (batch, time)."""
         t = idx.shape[1]
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
         for blk in self.blocks:
@@ -108,6 +113,7 @@ class ConvBN(nn.Module):
         self.fc = nn.Linear(8, 4)
 
     def forward(self, x):
+        """Logits (batch, 4) for images x of shape (batch, 3, H, W)."""
         return self.fc(F.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
 
 

@@ -43,6 +43,8 @@ class Workload:
 
     @property
     def is_hf(self) -> bool:
+        """True for a transformers model (a named architecture or a config.json), False for the
+        built-in GPT."""
         return self.model != "gpt"
 
     def build(self, precision: str, device="cpu") -> nn.Module:

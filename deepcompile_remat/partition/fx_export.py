@@ -29,20 +29,25 @@ _SYMINT_BYTES = 8
 
 
 def is_tangent(n: fx.Node) -> bool:
+    """True for a joint-graph input that is an incoming gradient (AOTAutograd's tangents_*)."""
     return n.op == "placeholder" and "tangents" in str(n.target)
 
 
 def is_fwd_seed(n: fx.Node) -> bool:
+    """True for the forward's RNG seed or offset input (functionalized randomness)."""
     t = str(n.target)
     return n.op == "placeholder" and ("fwd_seed" in t or "fwd_base_offset" in t)
 
 
 def is_bwd_seed(n: fx.Node) -> bool:
+    """True for the backward's RNG seed or offset input (functionalized randomness)."""
     t = str(n.target)
     return n.op == "placeholder" and ("bwd_seed" in t or "bwd_base_offset" in t)
 
 
 def is_primal(n: fx.Node) -> bool:
+    """True for a forward input of the joint graph: a placeholder that is neither a tangent nor
+    an RNG seed."""
     return n.op == "placeholder" and not (is_tangent(n) or is_fwd_seed(n) or is_bwd_seed(n))
 
 
@@ -77,6 +82,7 @@ def is_free_object(node: fx.Node, val) -> bool:
 
 
 def is_symint_like(val) -> bool:
+    """True for a symbolic int or bool (a dynamic size, or a guard on one)."""
     return isinstance(val, (torch.SymInt, torch.SymBool))
 
 

@@ -11,6 +11,7 @@ log = logging.getLogger("deepcompile_remat.partition")
 
 @dataclass(frozen=True)
 class SavedValue:
+    """One value the forward saves for the backward, as the report lists it."""
     name: str
     shape: tuple  # ints, or the symbolic size's formula ("s0") where dynamic
     dtype: str
@@ -34,10 +35,12 @@ class BudgetSummary:
 
 @dataclass(frozen=True)
 class PartitionReport:
+    """What one partition call decided and how long each stage took; partition.reports()
+    returns the process's reports, newest last."""
     graph_nodes: int
     policy: str
     saved: tuple[SavedValue, ...]
-    saved_sym_names: tuple[str, ...]
+    saved_sym_names: tuple[str, ...]  # symbolic ints (dynamic sizes) the backward receives
     recomputed: tuple[str, ...]  # forward nodes the backward computes again
     parameter_aliases: tuple[str, ...]  # nodes marked must-recompute by the ZeRO-3 rule
     saved_against_request: tuple[str, ...]  # PREFER_RECOMPUTE-tagged, saved all the same
@@ -68,6 +71,7 @@ class PartitionReport:
         return sum(v.bytes for v in self.saved if not v.parameter)
 
     def summary(self) -> str:
+        """The report in one log line: sizes of the decision, then each stage's time."""
         return (f"partition: {self.graph_nodes} nodes, policy={self.policy}, saved "
                 f"{len(self.saved)} tensors / {self.saved_bytes} bytes "
                 f"({self.saved_activation_bytes} non-parameter), {len(self.saved_sym_names)} "
@@ -85,6 +89,8 @@ _reports: collections.deque = collections.deque(maxlen=1000)
 
 
 def record(report: PartitionReport, keep: int) -> None:
+    """Appends `report` to this process's reports, keeping the newest `keep`, and logs its
+    summary at INFO."""
     global _reports
     with _lock:
         if _reports.maxlen != keep:
@@ -100,5 +106,6 @@ def reports() -> list[PartitionReport]:
 
 
 def clear_reports() -> None:
+    """Forgets every recorded report."""
     with _lock:
         _reports.clear()

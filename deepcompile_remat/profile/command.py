@@ -30,6 +30,7 @@ DEFAULTS = {"world": 2, "warmup": 1, "steps": 5, "profiled_steps": 2}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the profile command's flags (the matrix, the ranks, the model, the run) to `parser`."""
     d = DEFAULTS
     g = parser.add_argument_group("matrix")
     g.add_argument("--backends", nargs="+", choices=BACKEND_KINDS, default=list(BACKEND_KINDS))

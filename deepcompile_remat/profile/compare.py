@@ -49,6 +49,8 @@ LOSS_RTOL = 2e-2  # bf16 compute: 8 bits of mantissa, summed over a vocabulary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the compare command's flags (the model, the peers, precisions, ranks, steps) to
+    `parser`."""
     add_model_arguments(parser)
     g = parser.add_argument_group("run")
     g.add_argument("--peers", nargs="+", choices=DEFAULT_PEERS, default=list(DEFAULT_PEERS))
@@ -89,6 +91,9 @@ def _step_figures(prof, device_type: str) -> dict:
 
 def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workload: dict,
               opts: dict) -> list:
+    """Entry point of one rank process: builds `peer` at `precision`, runs its first step,
+    warm-up and timed steps, profiles one step, and returns this rank's one row (the reason
+    instead of figures when the peer is unavailable or fails)."""
     device_type = opts["device"]
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
@@ -255,6 +260,8 @@ def _mark_losses(folded: list) -> None:
 
 
 def render(folded: list, meta: dict) -> str:
+    """The folded rows as the text table the terminal and table.txt show, headed by meta's
+    title and definition."""
     from deepcompile_remat.profile.results import unit_of
 
     scale, unit = unit_of([e["step_peak_bytes"] for e in folded])

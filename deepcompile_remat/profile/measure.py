@@ -32,10 +32,11 @@ from deepcompile_remat.profile.setups import Cell
 
 @dataclass(frozen=True)
 class RunOptions:
-    warmup: int = 1
-    steps: int = 5
-    profiled_steps: int = 2
-    timeline_points: int = 1500
+    """How many steps a cell runs, and how finely its memory timeline is kept."""
+    warmup: int = 1  # steps after the first (compiling) one, not measured
+    steps: int = 5  # timed steps (median)
+    profiled_steps: int = 2  # profiled steps; the one with the smallest peak is kept
+    timeline_points: int = 1500  # the memory timeline is thinned to about this many points
 
 
 def build_model(workload: Workload, precision: str, device):
@@ -46,6 +47,9 @@ def build_model(workload: Workload, precision: str, device):
 
 
 def make_step(run, model, workload: Workload, precision: str, device, rank: int) -> Callable:
+    """One training step of `run` on this rank's micro-batch: forward (under autocast for
+    precision "autocast"), backward, gradients released, each in its record_function mark.
+    The step calls after_forward, when given, between forward and backward."""
     import torch
     from torch.profiler import record_function
 
@@ -80,6 +84,9 @@ def _sync(device) -> None:
 def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world: int, device,
              emulated: bool, exact_counter: bool,
              progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Runs one cell (setup x backend x precision) on this rank: compiles, warms up, times the
+    steps, profiles opts.profiled_steps more for memory (keeping the smallest peak), and
+    returns the row (times, peaks, partition figures, the timeline)."""
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity
@@ -175,6 +182,7 @@ class Progress:
         self.cell = ""
 
     def begin(self, index: int, cell: str) -> None:
+        """Starts cell number `index`, named `cell`, and shows it."""
         self.index, self.cell = index, cell
         self("starting")
 
@@ -188,6 +196,7 @@ class Progress:
         self.stream.flush()
 
     def done(self) -> None:
+        """Ends the progress line (on a terminal, moves past it)."""
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()

@@ -34,19 +34,23 @@ _BLOCK = re.compile(r"\b(?:blocks|layers|h)[._](\d+)\b")  # GPT, Llama/Qwen2, GP
 
 @dataclass
 class PartitionStats:
+    """What one partition (or several, combined) saves for the backward, split into weights and
+    activations, and the simulated forward and backward peaks of its graphs."""
     saved_values: int = 0
     saved_bytes: float = 0.0
     saved_weight_bytes: float = 0.0
     saved_activation_bytes: float = 0.0
     activation_bytes_per_block: dict = field(default_factory=dict)  # block index -> bytes
-    predicted_fw_bytes: float = 0.0
-    predicted_bw_bytes: float = 0.0
+    predicted_fw_bytes: float = 0.0  # simulated peak of the forward graph(s) above its inputs
+    predicted_bw_bytes: float = 0.0  # ... of the backward, above the parameters
 
     @property
     def predicted_peak_bytes(self) -> float:
+        """The larger of the predicted forward and backward peaks."""
         return max(self.predicted_fw_bytes, self.predicted_bw_bytes)
 
     def as_dict(self) -> dict:
+        """The stats as a JSON-ready dict (block indices as string keys, in order)."""
         return {"saved_values": self.saved_values, "saved_bytes": self.saved_bytes,
                 "saved_weight_bytes": self.saved_weight_bytes,
                 "saved_activation_bytes": self.saved_activation_bytes,
@@ -137,6 +141,9 @@ def _predicted(gm: fx.GraphModule, persistent: set, preexisting: set) -> float:
 
 def analyze(fw: fx.GraphModule, bw: fx.GraphModule,
             example_inputs: Sequence[Any]) -> PartitionStats:
+    """The stats of one partition: what the backward graph `bw` receives from the forward `fw`
+    (tangents and parameters excluded), split into weight-derived values and activations per
+    block, plus both graphs' simulated peaks."""
     params = parameter_names(fw, example_inputs)
     fw_nodes = {n.name: n for n in fw.graph.nodes}
     weights = _weight_derived(fw, params)
@@ -181,4 +188,5 @@ class PartitionRecorder:
         self.partitions.append(analyze(fw, bw, example_inputs))
 
     def stats(self) -> PartitionStats:
+        """Every partition seen so far, combined as one step runs them."""
         return combine(self.partitions)

@@ -59,9 +59,10 @@ class Unavailable(RuntimeError):
 
 @dataclass
 class System:
+    """One peer, built and ready: a training step, and what to close and record afterwards."""
     step: Callable[[dict], float]  # one training step on a micro-batch; returns its loss
-    close: Callable[[], None] = lambda: None
-    notes: list = field(default_factory=list)
+    close: Callable[[], None] = lambda: None  # releases what it holds (a DeepSpeed engine)
+    notes: list = field(default_factory=list)  # how it was set up; the table lists them
     facts: dict = field(default_factory=dict)  # recorded in the system's rows (results.json)
 
 
@@ -93,6 +94,9 @@ def _layer_bytes(model: torch.nn.Module) -> int:
 
 
 def ours(kind: str, layer_buckets: bool = False, mixed_precision: bool = False):
+    """The ours-* peer for backend `kind`: zero3.shard and torch.compile with dcr.backend(kind);
+    buckets of one layer's weights with layer_buckets, bf16 parameters through
+    zero3.shard(param_dtype=) with mixed_precision. Returns the peer's factory."""
     def make(w: Workload, precision: str, device, remat: dict) -> System:
         import deepcompile_remat as dcr
         from deepcompile_remat import zero3
@@ -144,6 +148,9 @@ def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool, remat: di
 
 
 def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = False):
+    """A stock DeepSpeed ZeRO-3 peer: DeepSpeed's defaults, or its least-memory knobs with
+    `lean`; engine.compile with `compiled`; our "deepcompile_remat" block with `ours_on`.
+    Returns the peer's factory."""
     def make(w: Workload, precision: str, device, remat: dict) -> System:
         _deepspeed_available()
         if torch.device(device).type == "cpu":
@@ -177,6 +184,9 @@ def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = Fal
 # --- FSDP2 -------------------------------------------------------------------------------------------
 
 def fsdp2(granularity: str, compiled: bool = False):
+    """An FSDP2 peer: fully_shard on every layer ("block") or every module holding parameters
+    ("module"), then the root; each unit compiled before sharding with `compiled`. Returns the
+    peer's factory."""
     def make(w: Workload, precision: str, device, remat: dict) -> System:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

@@ -41,6 +41,8 @@ def _title(key, several: bool) -> str:
 
 
 def timelines(rows: list, path: str, title: str = "", rank: int = 0) -> Optional[str]:
+    """memory_timeline.png at `path`: one panel per (world, backend, precision), each setup's
+    memory over the step on `rank`. Returns the path, or None when there is nothing to plot."""
     panels = _panels(rows, rank)
     if not panels:
         return None
@@ -74,6 +76,8 @@ def timelines(rows: list, path: str, title: str = "", rank: int = 0) -> Optional
 
 
 def peaks(folded: dict, path: str, title: str = "") -> Optional[str]:
+    """peaks.png at `path`: the forward and backward peaks of every setup, per configuration.
+    Returns the path, or None when there is nothing to plot."""
     if not folded:
         return None
     plt = _plt()
@@ -113,6 +117,7 @@ def _save(plt, fig, path: str) -> str:
 
 
 def write_all(rows: list, folded: dict, out_dir: str, title: str = "") -> list:
+    """Both plots into `out_dir`; returns the paths written."""
     made = [timelines(rows, os.path.join(out_dir, "memory_timeline.png"),
                       (title + "; " if title else "") + "rank 0"),
             peaks(folded, os.path.join(out_dir, "peaks.png"), title)]

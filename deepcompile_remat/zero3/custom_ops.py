@@ -44,11 +44,13 @@ class CommStats:
 
     @classmethod
     def reset(cls) -> None:
+        """Zeroes every counter."""
         cls.allgather_bytes = cls.reduce_scatter_bytes = 0
         cls.allgather_calls = cls.reduce_scatter_calls = 0
 
 
 def resolve_group(group_name: str):
+    """The process group registered under `group_name` (graphs carry groups by name)."""
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     return _resolve_process_group(group_name)
@@ -111,6 +113,9 @@ def _full_like(shard, world_size, dtype):
 @torch.library.custom_op("dcr::allgather_cast_start", mutates_args=())
 def allgather_cast_start(shard: torch.Tensor, world_size: int, group_name: str,
                          dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Starts gathering `shard` from all `world_size` ranks, cast to `dtype` (None: no cast), and
+    returns the full flat output, not yet readable: allgather_cast_wait on it must come before
+    any use. The split lets a graph run compute between start and wait."""
     return _start(shard, world_size, group_name, dtype)
 
 
@@ -121,6 +126,8 @@ def _(shard, world_size, group_name, dtype=None):
 
 @torch.library.custom_op("dcr::allgather_cast_wait", mutates_args=("full",))
 def allgather_cast_wait(full: torch.Tensor) -> None:
+    """Waits for the gather allgather_cast_start began into `full`; a RuntimeError when none is
+    in flight there."""
     _wait(full)
 
 
@@ -132,6 +139,8 @@ def _(full):
 @torch.library.custom_op("dcr::allgather_cast", mutates_args=())
 def allgather_cast(shard: torch.Tensor, world_size: int, group_name: str,
                    dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The full flat parameter: `shard` gathered from all `world_size` ranks, cast to `dtype`
+    (None: no cast) before the gather so the wire carries the smaller dtype."""
     out = _start(shard, world_size, group_name, dtype)
     _wait(out)
     return out
@@ -162,6 +171,8 @@ def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str) -
 
 @torch.library.custom_op("dcr::reduce_scatter_grad", mutates_args=())
 def reduce_scatter_grad(full_grad: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+    """This rank's shard of the gradient averaged over the group: `full_grad` reduce-scattered
+    (a copy when world_size is 1)."""
     full_grad = full_grad.contiguous()
     if world_size == 1:
         return full_grad.clone()

@@ -72,12 +72,16 @@ def _guard_aliases(result, copy: GatheredCopy):
 
 
 def guard(full: torch.Tensor, source: tuple) -> GatheredCopy:
+    """`full` as a GatheredCopy of the parameter `source` ((module, name)): same storage,
+    writes refused."""
     out = full.as_subclass(GatheredCopy)
     out._dcr_source = source
     return out
 
 
 def write_error(source: tuple, op: str) -> str:
+    """The error message for `op` writing to a gathered copy of `source`: what would be lost,
+    and how to write instead."""
     module, name = source
     cls = getattr(type(module), "_dcr_unsharded_class", type(module))
     return (

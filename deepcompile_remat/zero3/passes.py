@@ -19,10 +19,12 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def is_allgather_cast(node: fx.Node) -> bool:
+    """True for a dcr::allgather_cast call in an FX graph."""
     return node.op == "call_function" and node.target is torch.ops.dcr.allgather_cast.default
 
 
 def gather_dtype(node: fx.Node):
+    """The dtype argument of a dcr::allgather_cast node, positional or keyword; None: no cast."""
     args = list(node.args) + [None] * (4 - len(node.args))
     return node.kwargs.get("dtype", args[3])
 

@@ -44,6 +44,8 @@ from deepcompile_remat.zero3.guard import GatheredCopy, guard
 
 @dataclass(frozen=True)
 class ShardSpec:
+    """How one parameter is sharded: its full shape and size, this rank's padded shard length,
+    the group (by name), and the dtype it is gathered in."""
     shape: tuple
     numel: int
     shard_numel: int  # padded numel / world_size

@@ -81,5 +81,17 @@ TEST(CastOptions, BucketArgumentsHaveOneSlotPerShard) {
   EXPECT_THROW(MakeShardSlots(shards, outs, outside), std::invalid_argument);
 }
 
+TEST(CastOptions, PerShardListsMustHaveEqualLength) {
+  EXPECT_NO_THROW(CheckOneEntryPerShard(3, 3, 3, "srcs, dsts and counts"));
+  EXPECT_THROW(CheckOneEntryPerShard(3, 2, 3, "srcs, dsts and counts"), std::invalid_argument);
+  EXPECT_THROW(CheckOneEntryPerShard(3, 3, 0, "srcs, dsts and counts"), std::invalid_argument);
+  try {
+    CheckOneEntryPerShard(1, 2, 1, "srcs, dsts and counts");
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "srcs, dsts and counts must have the same length");
+  }
+}
+
 }  // namespace
 }  // namespace dcr
