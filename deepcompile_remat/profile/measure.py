@@ -180,7 +180,7 @@ def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world:
         del run, model, step, recorder
         gc.collect()
         torch._dynamo.reset()
-        say(f"infeasible budget (min {min_bytes / 2**20:.2f} MB)")
+        say(f"infeasible budget (min {min_bytes:.0f} bytes)")
         return infeasible_row(cell, rank, world, device, emulated, exact_counter, min_bytes)
     _sync(device)
     compile_s = time.perf_counter() - t0

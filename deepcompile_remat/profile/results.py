@@ -195,7 +195,8 @@ def budget_table(folded: dict) -> str:
     """`--budgets`: per backend+precision, ours (the ordinary cut) and each "ours@B" cell:
     the budget and the saved bytes budget mode chose (ours: the ordinary cut's), the flops the
     backward recomputes and how far that may be from the best, the measured peak and step
-    time with their change against ours. Empty when the run had no budget cells."""
+    time with their change against ours, and what is alive when the forward ends (where the
+    saved bytes show; the peak may sit elsewhere). Empty when the run had no budget cells."""
     groups = _budget_groups(folded)
     if not groups:
         return ""
@@ -207,9 +208,10 @@ def budget_table(folded: dict) -> str:
              f"graphs), max over ranks. budget, saved: {unit} the cut may / does save for the "
              f"backward (default: what the ordinary cut saves); recompute: {funit} the backward "
              f"recomputes, gap: at most this far from the least recompute within the budget; "
-             f"deltas against {BUDGET_SETUP}",
+             f"fw end: {unit} alive when the forward ends; deltas against {BUDGET_SETUP}",
              f"{'config':<24} {'setup':<12} {'budget':>8} {'saved':>8} {'default':>8} "
-             f"{'recompute':>9} {'gap':>8} {'peak':>8} {'delta':>7} {'step s':>7} {'delta':>7}"]
+             f"{'recompute':>9} {'gap':>8} {'fw end':>8} {'peak':>8} {'delta':>7} "
+             f"{'step s':>7} {'delta':>7}"]
     several = _several_worlds(folded)
 
     def num(v, s, width, digits=2):
@@ -223,6 +225,7 @@ def budget_table(folded: dict) -> str:
         if ours is not None:
             lines.append(f"{name:<24} {BUDGET_SETUP:<12} {'-':>8} {num(default, scale, 8)} "
                          f"{num(default, scale, 8)} {'-':>9} {'-':>8} "
+                         f"{num(ours['boundary_bytes'], scale, 8)} "
                          f"{num(ours['peak_bytes'], scale, 8)} {'':>7} "
                          f"{num(ours['step_s'], 1.0, 7, 3)} {'':>7}")
         for setup, c in cells:
@@ -236,6 +239,7 @@ def budget_table(folded: dict) -> str:
                          f"{num(c['budget_default_saved_bytes'], scale, 8)} "
                          f"{num(c['recompute_flops'], fscale, 9, 3)} "
                          f"{num(c['optimality_gap_flops'], fscale, 8, 3)} "
+                         f"{num(c['boundary_bytes'], scale, 8)} "
                          f"{num(c['peak_bytes'], scale, 8)} {dm:>7} "
                          f"{num(c['step_s'], 1.0, 7, 3)} {dt:>7}")
     return "\n".join(lines)
