@@ -1,7 +1,7 @@
 """The profile's results: the rows folded into cells; the table in DeepSpeed PR #7609's layout
-(every setup's time and memory, delta of ours against the baseline),
-a detail table per cell, the budget table (`--budgets`: per "ours@B" cell what budget mode
-decided, its peak and step time beside ours'), a footer (definitions, the activation formula of Korthikanti et al.
+(every setup's time and memory, delta of ours against the baseline), a detail table per
+cell, the budget table (`--budgets`: per "ours@B" cell what budget mode decided, its peak and
+step time beside ours'), a footer (definitions, the activation formula of Korthikanti et al.
 beside the baseline's measured saved activations), results.json and results.csv.
 
 Per-rank figures are folded into one per cell: memory is the largest over ranks (the rank that
