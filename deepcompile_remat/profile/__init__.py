@@ -6,12 +6,12 @@ on GPU) or an emulated world (torch's fake process group); and `deepcompile-rema
 against FSDP2 and DeepSpeed. Modules, one job each (the model, the memory meter and the rank
 spawner are the harness's: deepcompile_remat/harness):
 
-  setups      the cells and the RematConfig of each setup
+  setups      the cells and the RematConfig of each setup (ours@B: --budgets, budget mode)
   partitions  what a partition saves for the backward, and the simulator's predicted peaks
   measure     one rank's run of the matrix
-  results     fold the rows into cells; the table (PR #7609's layout), details, footer;
-              results.json / results.csv
-  plots       PNG timelines and the bar chart of peaks
+  results     fold the rows into cells; the table (PR #7609's layout), details, the budget
+              table, footer; results.json / results.csv
+  plots       PNG timelines, the bar chart of peaks, the budget trade (peak vs step time)
   command     the `profile` subcommand
   peers       the systems `compare` runs
   compare     the `compare` subcommand

@@ -4,9 +4,11 @@
     deepcompile-remat profile --fake-world 8       # ... and an emulated world of 8 for memory
     deepcompile-remat profile --device cuda --world 1 --fake-world 8 --layers 24 --hidden 2048
     deepcompile-remat profile --model llama --checkpointing    # a transformers model
+    deepcompile-remat profile --budgets 1 0.5 0.2 0  # + ours in memory-budget mode per budget
 
 Writes the table to stdout and results.json, results.csv, table.txt, memory_timeline.png and
-peaks.png to --out; a progress line goes to stderr while it runs.
+peaks.png (with --budgets also budgets.png, peak against step time per budget) to --out; a
+progress line goes to stderr while it runs.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -22,20 +25,37 @@ import time
 
 from deepcompile_remat.config import BACKEND_KINDS
 from deepcompile_remat.harness.workload import add_model_arguments, workload_from_args
-from deepcompile_remat.profile.setups import PRECISIONS, SETUPS
+from deepcompile_remat.profile.setups import BUDGET_SETUP, PRECISIONS, SETUPS
 
 NAME = "profile"
 
 DEFAULTS = {"world": 2, "warmup": 1, "steps": 5, "profiled_steps": 2}
 
 
+def _budget(text: str) -> float:
+    """argparse type of --budgets: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"a budget must be >= 0 and finite, got {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the profile command's flags (the matrix, the ranks, the model, the run) to `parser`."""
+    """The `profile` subcommand's options."""
     d = DEFAULTS
     g = parser.add_argument_group("matrix")
     g.add_argument("--backends", nargs="+", choices=BACKEND_KINDS, default=list(BACKEND_KINDS))
     g.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     g.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
+    g.add_argument("--budgets", nargs="+", type=_budget, default=[], metavar="B",
+                   help=f"also run {BUDGET_SETUP} in memory-budget mode once per budget (setup "
+                        f"'{BUDGET_SETUP}@B', RematConfig(memory_budget=B)): B <= 1 a fraction "
+                        "of the bytes the ordinary cut saves, > 1 bytes per graph; a budget "
+                        "below the smallest legal cut gives an 'infeasible' row; adds "
+                        "budgets.png (peak against step time)")
     g = parser.add_argument_group("ranks")
     g.add_argument("--world", type=int, default=d["world"],
                    help="local rank processes (gloo on CPU, NCCL on GPU); 0: no real run")
@@ -111,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     parameters = sum(p.numel() for p in workload.build("autocast").parameters())
     opts = measure.RunOptions(warmup=args.warmup, steps=args.steps,
                               profiled_steps=args.profiled_steps)
-    cells = matrix(args.backends, args.precisions, args.setups)
+    cells = matrix(args.backends, args.precisions, args.setups, args.budgets)
     show = not args.quiet
     t0 = time.perf_counter()
     rows = []
@@ -133,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         "dist_backend": "nccl" if device == "cuda" else "gloo",
         "torch": torch.__version__, "machine": _machine(device),
         "warmup": args.warmup, "steps": args.steps, "profiled_steps": args.profiled_steps,
+        "budgets": list(args.budgets),
         "step": results.STEP_DEFINITION,
     }
     os.makedirs(args.out, exist_ok=True)

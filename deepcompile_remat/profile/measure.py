@@ -12,6 +12,13 @@ No optimizer step: its memory and time are the same whatever the partition. Memo
 are relative to the allocator's total when the step begins (sharded model and inputs already
 allocated); step time is the median over the timed steps after warm-up; a barrier precedes each
 timed step.
+
+A budget cell ("ours@B", RematConfig.memory_budget) also records what budget mode decided,
+summed over the step's graphs (PartitionReport.budget). A budget below the smallest legal cut
+fails the compile (BudgetInfeasibleError); the cell then gives an infeasible row (its figures
+NaN, min_budget_bytes the smallest feasible) and the matrix goes on. Every rank compiles the
+same graphs and decides alike, so every rank fails at the same point, before any collective
+of that graph.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from typing import Callable, Optional
 from deepcompile_remat.harness import memory
 from deepcompile_remat.harness.workload import Workload
 from deepcompile_remat.profile.partitions import PartitionRecorder
+from deepcompile_remat.profile.results import BUDGET_FIELDS
 from deepcompile_remat.profile.setups import Cell
 
 
@@ -74,6 +82,68 @@ def make_step(run, model, workload: Workload, precision: str, device, rank: int)
     return step
 
 
+# The measured figures of a row, NaN in an infeasible one (results.fold reads them).
+MEASURED_FIELDS = ("peak_bytes", "fw_peak_bytes", "bw_peak_bytes", "boundary_bytes",
+                   "start_bytes", "step_s", "compile_s", "gathered_bytes", "gather_calls",
+                   "partitions", "saved_values", "saved_bytes", "saved_weight_bytes",
+                   "saved_activation_bytes", "predicted_fw_bytes", "predicted_bw_bytes",
+                   "predicted_peak_bytes")
+
+
+def budget_figures(budget: Optional[float], reports: list) -> dict:
+    """The BUDGET_FIELDS of a row: budget mode's decisions summed over the step's graphs
+    (each graph has its own budget: a fraction of its own ordinary cut, or B bytes each).
+    All None but infeasible=False for a cell without a budget."""
+    row = dict.fromkeys(BUDGET_FIELDS)
+    row.update(budget=budget, infeasible=False)
+    summaries = [r.budget for r in reports if r.budget is not None]
+    if budget is None or not summaries:
+        return row
+    row.update(
+        budget_bytes=sum(b.budget_bytes for b in summaries),
+        budget_default_saved_bytes=sum(b.default_saved_bytes for b in summaries),
+        budget_saved_bytes=sum(b.saved_bytes for b in summaries),
+        recompute_flops=sum(b.recompute_cost for b in summaries),
+        optimality_gap_flops=sum(b.optimality_gap for b in summaries),
+        budget_graphs=len(summaries))
+    return row
+
+
+def budget_infeasible(err: BaseException):
+    """The BudgetInfeasibleError behind `err` (torch.compile wraps what a backend raises in
+    BackendCompilerFailed), or None."""
+    from deepcompile_remat.partition.budget import BudgetInfeasibleError
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, BudgetInfeasibleError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def infeasible_row(cell: Cell, rank: int, world: int, device, emulated: bool,
+                   exact_counter: bool, min_bytes: float) -> dict:
+    """The row of a budget cell whose budget is below the smallest legal cut of some graph:
+    nothing measured (NaN), min_budget_bytes that graph's smallest feasible budget."""
+    row = _identity(cell, rank, world, device, emulated, exact_counter)
+    row.update(dict.fromkeys(MEASURED_FIELDS, float("nan")))
+    row.update(peak_bytes_each_step=[], step_times_s=[], activation_bytes_per_block={},
+               timeline={"t_ms": [], "bytes": [], "fw_end_ms": float("nan"),
+                         "step_end_ms": float("nan")})
+    row.update(budget_figures(cell.budget, []))
+    row.update(infeasible=True, min_budget_bytes=float(min_bytes))
+    return row
+
+
+def _identity(cell: Cell, rank: int, world: int, device, emulated: bool,
+              exact_counter: bool) -> dict:
+    return {"backend": cell.backend, "precision": cell.precision, "setup": cell.label,
+            "rank": rank, "world": world, "emulated": emulated, "device": device.type,
+            "exact_counter": exact_counter}
+
+
 def _sync(device) -> None:
     if device.type == "cuda":
         import torch
@@ -92,9 +162,11 @@ def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world:
     from torch.profiler import ProfilerActivity
 
     from deepcompile_remat import zero3
+    from deepcompile_remat.partition import clear_reports, reports
 
     say = progress or (lambda _msg: None)
     torch._dynamo.reset()
+    clear_reports()
     recorder = PartitionRecorder()
     model = build_model(workload, cell.precision, device)
     run = torch.compile(model, backend=cell.compile_backend(recorder))
@@ -102,9 +174,24 @@ def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world:
 
     say("compiling")
     t0 = time.perf_counter()
-    step()
+    min_bytes = None
+    try:
+        step()
+    except Exception as err:
+        infeasible = budget_infeasible(err) if cell.budget is not None else None
+        if infeasible is None:
+            raise
+        min_bytes = float(infeasible.min_bytes)
+        del infeasible  # its traceback holds the compile's frames (the model)
+    if min_bytes is not None:
+        del run, model, step, recorder
+        gc.collect()
+        torch._dynamo.reset()
+        say(f"infeasible budget (min {min_bytes:.0f} bytes)")
+        return infeasible_row(cell, rank, world, device, emulated, exact_counter, min_bytes)
     _sync(device)
     compile_s = time.perf_counter() - t0
+    budget = budget_figures(cell.budget, reports())  # the compile's graphs only
     for i in range(opts.warmup):
         say(f"compiled in {compile_s:.1f} s; warm-up {i + 1}/{opts.warmup}")
         step()
@@ -147,9 +234,7 @@ def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world:
     stats = recorder.stats()
     t_ms, live = memory.downsample(mem.t_ms, mem.live_bytes, opts.timeline_points)
     row = {
-        "backend": cell.backend, "precision": cell.precision, "setup": cell.setup,
-        "rank": rank, "world": world, "emulated": emulated, "device": device.type,
-        "exact_counter": exact_counter,
+        **_identity(cell, rank, world, device, emulated, exact_counter),
         "peak_bytes": mem.peak_bytes, "fw_peak_bytes": mem.fw_peak_bytes,
         "bw_peak_bytes": mem.bw_peak_bytes, "boundary_bytes": mem.boundary_bytes,
         "start_bytes": mem.start_bytes, "peak_bytes_each_step": [m.peak_bytes for m in measured],
@@ -159,6 +244,7 @@ def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world:
         "gather_calls": int(calls),
         "partitions": len(recorder.partitions),
         **stats.as_dict(),
+        **budget,
         "timeline": {"t_ms": t_ms, "bytes": live, "fw_end_ms": mem.fw_end_ms,
                      "step_end_ms": mem.bw_end_ms},
     }
@@ -243,8 +329,9 @@ def rank_main(rank: int, nprocs: int, world: int, emulated: bool, port: int, dev
                                  progress))
             if progress:
                 r = rows[-1]
-                timed = "" if r["step_s"] != r["step_s"] else f", step {r['step_s']:.2f} s"
-                progress(f"peak {r['peak_bytes'] / 2**20:.1f} MB{timed}")
+                if not r["infeasible"]:
+                    timed = "" if r["step_s"] != r["step_s"] else f", step {r['step_s']:.2f} s"
+                    progress(f"peak {r['peak_bytes'] / 2**20:.1f} MB{timed}")
         if progress:
             progress.done()
     finally:

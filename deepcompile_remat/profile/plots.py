@@ -1,16 +1,18 @@
 """PNGs (matplotlib, Agg): memory over one step per setup, with the forward/backward boundary
-marked, one panel per backend x precision; and a bar chart of the peaks (forward and backward
-peaks side by side, overall = the taller)."""
+marked, one panel per backend x precision; a bar chart of the peaks (forward and backward
+peaks side by side, overall = the taller); and, with `--budgets`, the budget trade: peak
+against step time, one line per backend through its "ours@B" points, ours marked."""
 from __future__ import annotations
 
 import os
 from typing import Optional
 
 from deepcompile_remat.profile import results
-from deepcompile_remat.profile.setups import SETUPS
+from deepcompile_remat.profile.setups import BUDGET_SETUP, SETUPS, is_budget_label
 
 COLORS = {"unbucketed": "#7f7f7f", "baseline": "#d62728", "marking": "#1f77b4",
           "ours": "#2ca02c"}
+BACKEND_COLORS = {"eager": "#1f77b4", "inductor": "#ff7f0e"}
 
 
 def _plt():
@@ -76,16 +78,17 @@ def timelines(rows: list, path: str, title: str = "", rank: int = 0) -> Optional
 
 
 def peaks(folded: dict, path: str, title: str = "") -> Optional[str]:
-    """peaks.png at `path`: the forward and backward peaks of every setup, per configuration.
-    Returns the path, or None when there is nothing to plot."""
-    if not folded:
+    """Bar chart of the setups' forward and backward peaks per backend x precision (budget
+    cells left out: budgets() plots them); None when no setup cell ran."""
+    if not any(k[4] in SETUPS for k in folded):
         return None
     plt = _plt()
     import numpy as np
 
     groups = results.config_groups(folded)
     several = len({g[:2] for g in groups}) > 1
-    biggest = max(c["peak_bytes"] for c in folded.values())
+    biggest = max(c["peak_bytes"] for k, c in folded.items()
+                  if k[4] in SETUPS)  # the budget cells have their own plot (and NaNs)
     scale, unit = results.unit_of([biggest])
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4))
     width = 0.8 / len(SETUPS)
@@ -109,6 +112,59 @@ def peaks(folded: dict, path: str, title: str = "") -> Optional[str]:
     return _save(plt, fig, path)
 
 
+def _budget_panels(folded: dict) -> dict:
+    """(world, precision) -> backend -> (ours' cell or None, [(budget, cell)]) for the timed
+    (not emulated) groups with budget cells."""
+    panels: dict = {}
+    for (world, emulated, backend, precision, setup), c in folded.items():
+        if emulated or not is_budget_label(setup):
+            continue
+        entry = panels.setdefault((world, precision), {}).setdefault(
+            backend, (folded.get((world, emulated, backend, precision, BUDGET_SETUP)), []))
+        entry[1].append((c["budget"], c))
+    return panels
+
+
+def budgets(folded: dict, path: str, title: str = "") -> Optional[str]:
+    """The budget trade (`--budgets`): x step time, y peak memory per rank, one panel per
+    precision, one line per backend through its feasible "ours@B" points (largest budget
+    first, each labelled B), ours (the ordinary cut) a star. Infeasible budgets are named in
+    the legend. None when no timed run has budget cells."""
+    panels = _budget_panels(folded)
+    if not panels:
+        return None
+    plt = _plt()
+    scale, unit = results.unit_of(c["peak_bytes"] for c in folded.values())
+    several = len({w for w, _ in panels}) > 1
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    for ax, ((world, precision), by_backend) in zip(axes.flat, sorted(panels.items())):
+        for backend, (ours, points) in by_backend.items():
+            color = BACKEND_COLORS.get(backend, "#333333")
+            feasible = sorted(((b, c) for b, c in points if not c["infeasible"]),
+                              key=lambda p: -p[0])
+            infeasible = [b for b, c in points if c["infeasible"]]
+            label = backend + (" (infeasible: " + ", ".join(f"{b:g}" for b in infeasible) + ")"
+                               if infeasible else "")
+            xs = [c["step_s"] for _, c in feasible]
+            ys = [c["peak_bytes"] / scale for _, c in feasible]
+            ax.plot(xs, ys, "o-", color=color, lw=1.4, label=label)
+            for b, x, y in zip((b for b, _ in feasible), xs, ys):
+                ax.annotate(f"{b:g}", (x, y), textcoords="offset points", xytext=(5, 4),
+                            fontsize=8, color=color)
+            if ours is not None:
+                ax.plot([ours["step_s"]], [ours["peak_bytes"] / scale], "*", color=color,
+                        ms=14, mec="black", mew=0.6, label=f"{backend}: {BUDGET_SETUP}")
+        ax.set_title(f"{precision}" + (f" (world {world})" if several else "")
+                     + ": peak vs step time per memory budget", fontsize=10)
+        ax.set_xlabel("step time (s, median)")
+        ax.set_ylabel(f"peak {unit} per rank above step start")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(plt, fig, path)
+
+
 def _save(plt, fig, path: str) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -117,8 +173,9 @@ def _save(plt, fig, path: str) -> str:
 
 
 def write_all(rows: list, folded: dict, out_dir: str, title: str = "") -> list:
-    """Both plots into `out_dir`; returns the paths written."""
+    """The timeline, peaks and budgets plots into `out_dir`; returns the paths written."""
     made = [timelines(rows, os.path.join(out_dir, "memory_timeline.png"),
                       (title + "; " if title else "") + "rank 0"),
-            peaks(folded, os.path.join(out_dir, "peaks.png"), title)]
+            peaks(folded, os.path.join(out_dir, "peaks.png"), title),
+            budgets(folded, os.path.join(out_dir, "budgets.png"), title)]
     return [p for p in made if p]

@@ -1,6 +1,7 @@
 """The profile's results: the rows folded into cells; the table in DeepSpeed PR #7609's layout
-(every setup's time and memory, delta of ours against the baseline),
-a detail table per cell, a footer (definitions, the activation formula of Korthikanti et al.
+(every setup's time and memory, delta of ours against the baseline), a detail table per
+cell, the budget table (`--budgets`: per "ours@B" cell what budget mode decided, its peak and
+step time beside ours'), a footer (definitions, the activation formula of Korthikanti et al.
 beside the baseline's measured saved activations), results.json and results.csv.
 
 Per-rank figures are folded into one per cell: memory is the largest over ranks (the rank that
@@ -13,7 +14,20 @@ import json
 import math
 from typing import Iterable, Optional
 
-from deepcompile_remat.profile.setups import PRECISION_HELP, SETUP_HELP, SETUPS
+from deepcompile_remat.profile.setups import (
+    BUDGET_HELP,
+    BUDGET_SETUP,
+    PRECISION_HELP,
+    SETUP_HELP,
+    SETUPS,
+    is_budget_label,
+)
+
+# What a budget cell records besides the measured figures (measure.budget_figures); rows of
+# other cells carry them too, None but infeasible=False. Per step: summed over its graphs.
+BUDGET_FIELDS = ("budget", "budget_bytes", "budget_default_saved_bytes", "budget_saved_bytes",
+                 "recompute_flops", "optimality_gap_flops", "budget_graphs", "infeasible",
+                 "min_budget_bytes")
 
 STEP_DEFINITION = (
     "step = forward (compiled model + fp32 cross-entropy) + backward (compiled backward, "
@@ -61,6 +75,9 @@ def fold(rows: Iterable[dict]) -> dict:
             "gathered_bytes": max(r["gathered_bytes"] for r in rs),
             "exact_counter": all(r.get("exact_counter", True) for r in rs),
             "device": rs[0]["device"],
+            # Budget mode decides alike on every rank (the same graphs): rank 0's figures.
+            **{f: rs[0].get(f) for f in BUDGET_FIELDS},
+            "infeasible": any(r.get("infeasible", False) for r in rs),
         }
     return out
 
@@ -139,6 +156,9 @@ def detail_table(folded: dict) -> str:
     for (world, emulated, backend, precision, setup), c in folded.items():
         name = f"{backend}/{precision}/{setup}" + (f" w{world}{'e' if emulated else ''}"
                                                    if _several_worlds(folded) else "")
+        if c["infeasible"]:
+            lines.append(f"{name:<34} {infeasible_text(c, scale, unit)}")
+            continue
         spread = "*" if _ranks_differ(c) else " "
         lines.append(
             f"{name:<34} {c['peak_bytes'] / scale:>7.2f}{spread} "
@@ -152,6 +172,79 @@ def detail_table(folded: dict) -> str:
     return "\n".join(lines)
 
 
+def infeasible_text(cell: dict, scale: float, unit: str) -> str:
+    """What the tables print for a budget below the smallest legal cut."""
+    least = cell["min_budget_bytes"]
+    if least / scale >= 0.01:
+        return f"infeasible (min {least / scale:.2f} {unit})"
+    return f"infeasible (min {least:.0f} bytes)"
+
+
+def _budget_groups(folded: dict) -> list:
+    """Per config group with budget cells: (group, ours' cell or None, [(setup, cell)] in run
+    order)."""
+    out = []
+    for g in config_groups(folded):
+        cells = [(k[4], c) for k, c in folded.items() if k[:4] == g and is_budget_label(k[4])]
+        if cells:
+            out.append((g, folded.get((*g, BUDGET_SETUP)), cells))
+    return out
+
+
+def budget_table(folded: dict) -> str:
+    """`--budgets`: per backend+precision, ours (the ordinary cut) and each "ours@B" cell:
+    the budget and the saved bytes budget mode chose (ours: the ordinary cut's), the flops the
+    backward recomputes and how far that may be from the best, the measured peak and step
+    time with their change against ours, and what is alive when the forward ends (where the
+    saved bytes show; the peak may sit elsewhere). Empty when the run had no budget cells."""
+    groups = _budget_groups(folded)
+    if not groups:
+        return ""
+    scale, unit = unit_of([c["peak_bytes"] for c in folded.values()]
+                          + [c["budget_default_saved_bytes"] or 0.0 for c in folded.values()])
+    flops = [c["recompute_flops"] or 0.0 for c in folded.values()]
+    fscale, funit = (1e9, "GFLOP") if max(flops) >= 1e8 else (1e6, "MFLOP")
+    lines = [f"memory budget: {BUDGET_SETUP}@B = {BUDGET_HELP}. Per step (summed over its "
+             f"graphs), max over ranks. budget, saved: {unit} the cut may / does save for the "
+             f"backward (default: what the ordinary cut saves); recompute: {funit} the backward "
+             f"recomputes, gap: at most this far from the least recompute within the budget; "
+             f"fw end: {unit} alive when the forward ends; deltas against {BUDGET_SETUP}",
+             f"{'config':<24} {'setup':<12} {'budget':>8} {'saved':>8} {'default':>8} "
+             f"{'recompute':>9} {'gap':>8} {'fw end':>8} {'peak':>8} {'delta':>7} "
+             f"{'step s':>7} {'delta':>7}"]
+    several = _several_worlds(folded)
+
+    def num(v, s, width, digits=2):
+        return f"{'-':>{width}}" if v is None or math.isnan(v) else f"{v / s:>{width}.{digits}f}"
+
+    for (world, emulated, backend, precision), ours, cells in groups:
+        name = f"{backend}+{precision}" + (f" (w{world}{', emulated' if emulated else ''})"
+                                          if several else "")
+        default = next((c["budget_default_saved_bytes"] for _, c in cells
+                        if c["budget_default_saved_bytes"] is not None), None)
+        if ours is not None:
+            lines.append(f"{name:<24} {BUDGET_SETUP:<12} {'-':>8} {num(default, scale, 8)} "
+                         f"{num(default, scale, 8)} {'-':>9} {'-':>8} "
+                         f"{num(ours['boundary_bytes'], scale, 8)} "
+                         f"{num(ours['peak_bytes'], scale, 8)} {'':>7} "
+                         f"{num(ours['step_s'], 1.0, 7, 3)} {'':>7}")
+        for setup, c in cells:
+            if c["infeasible"]:
+                lines.append(f"{name:<24} {setup:<12} {infeasible_text(c, scale, unit)}")
+                continue
+            dm = _delta(c["peak_bytes"], ours["peak_bytes"]) if ours else "n/a"
+            dt = _delta(c["step_s"], ours["step_s"]) if ours else "n/a"
+            lines.append(f"{name:<24} {setup:<12} {num(c['budget_bytes'], scale, 8)} "
+                         f"{num(c['budget_saved_bytes'], scale, 8)} "
+                         f"{num(c['budget_default_saved_bytes'], scale, 8)} "
+                         f"{num(c['recompute_flops'], fscale, 9, 3)} "
+                         f"{num(c['optimality_gap_flops'], fscale, 8, 3)} "
+                         f"{num(c['boundary_bytes'], scale, 8)} "
+                         f"{num(c['peak_bytes'], scale, 8)} {dm:>7} "
+                         f"{num(c['step_s'], 1.0, 7, 3)} {dt:>7}")
+    return "\n".join(lines)
+
+
 def footer(folded: dict, meta: dict) -> str:
     """Definitions of the step, the setups and precisions; the activation formula beside the
     baseline's measured saved activations; warnings."""
@@ -161,7 +254,9 @@ def footer(folded: dict, meta: dict) -> str:
     scale, unit = (2**20, "MB") if formula < 2**30 else (2**30, "GB")
     lines = [
         STEP_DEFINITION,
-        "setups: " + "; ".join(f"{k} = {v}" for k, v in SETUP_HELP.items()) + ".",
+        "setups: " + "; ".join(f"{k} = {v}" for k, v in SETUP_HELP.items())
+        + (f"; {BUDGET_SETUP}@B = {BUDGET_HELP}" if any(is_budget_label(k[4]) for k in folded)
+           else "") + ".",
         "precisions: " + "; ".join(f"{k} = {v}" for k, v in PRECISION_HELP.items()) + ".",
         f"Activations per layer, Korthikanti et al. (seed 003), no dropout, 16-bit: "
         f"sbh(32 + 2as/h) = {formula / scale:.3f} {unit} (s={s}, b={b}, h={h}, a={a}); "
@@ -200,8 +295,9 @@ def header(meta: dict) -> str:
 
 def render(folded: dict, meta: dict) -> str:
     """The whole report, from fold(rows)."""
-    return "\n\n".join([header(meta), main_table(folded), detail_table(folded),
-                        footer(folded, meta)])
+    parts = [header(meta), main_table(folded), detail_table(folded), budget_table(folded),
+             footer(folded, meta)]
+    return "\n\n".join(p for p in parts if p)
 
 
 CSV_EXCLUDE = ("timeline", "step_times_s", "activation_bytes_per_block", "peak_bytes_each_step")
@@ -217,7 +313,8 @@ def write_csv(path: str, rows: list) -> None:
     """results.csv: one line per rank and cell, without the timeline and per-step lists."""
     if not rows:
         return
-    keys = [k for k in rows[0] if k not in CSV_EXCLUDE] + ["activation_bytes_per_block_mean"]
+    keys = list(dict.fromkeys(k for r in rows for k in r if k not in CSV_EXCLUDE))
+    keys.append("activation_bytes_per_block_mean")
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()

@@ -18,6 +18,9 @@ setups
   ours        marking + cast-before-gather (half the bytes on the wire, no fp32 full weight) +
               prefetch (each re-gather issued up to max_prefetch ops before its first use,
               within the memory budget); RematConfig's defaults
+  ours@B      ours in memory-budget mode, RematConfig(memory_budget=B) (`profile --budgets`):
+              B <= 1 a fraction of the bytes the ordinary cut saves, > 1 bytes per graph; the
+              cut then recomputes the fewest flops that keep the saved bytes within B
 The buckets come with the re-gather schedule: baseline and marking run it at prefetch
 distance 0, which keeps each gather just before its first use, where the traced forward and
 the backward's extraction (torch's reordering_to_mimic_autograd_engine) already place it.
@@ -30,8 +33,10 @@ backends
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 from deepcompile_remat.config import BACKEND_KINDS, RematConfig
 
@@ -48,6 +53,21 @@ PRECISION_HELP = {
     "autocast": "fp32 params, bf16 compute (autocast)",
     "bf16": "bf16 params (no cast: marking vs ours = prefetch only)",
 }
+
+BUDGET_SETUP = "ours"  # the setup --budgets runs in budget mode
+BUDGET_HELP = ("ours with RematConfig(memory_budget=B): B <= 1 a fraction of the bytes the "
+               "ordinary cut saves, > 1 bytes per graph")
+
+
+def budget_label(budget: float) -> str:
+    """The setup name of a budget cell, "ours@B", B as the user wrote it (1, 0.5, 2e+08)."""
+    return f"{BUDGET_SETUP}@{budget:g}"
+
+
+def is_budget_label(setup: str) -> bool:
+    """True for the setup names budget cells get (budget_label)."""
+    return setup.startswith(BUDGET_SETUP + "@")
+
 
 # Buckets without prefetch: the re-gather schedule at distance 0 (see the module docstring).
 _BUCKETS_NO_PREFETCH = {"cast_before_gather": False, "max_prefetch": 0}
@@ -84,11 +104,13 @@ def bucketed_partitions(observer: Optional[Callable] = None) -> Callable:
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell of the matrix: which backend compiles, in which precision, with which setup."""
+    """One cell of the matrix: which backend compiles, in which precision, with which setup;
+    budget (ours only): run ours in memory-budget mode with RematConfig(memory_budget=budget)."""
 
     backend: str
     precision: str
     setup: str
+    budget: Optional[float] = None
 
     def __post_init__(self) -> None:
         for value, allowed, what in ((self.backend, BACKEND_KINDS, "backend"),
@@ -96,15 +118,28 @@ class Cell:
                                      (self.setup, SETUPS, "setup")):
             if value not in allowed:
                 raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+        if self.budget is not None:
+            if self.setup != BUDGET_SETUP:
+                raise ValueError(f"a budget runs the {BUDGET_SETUP!r} setup, not {self.setup!r}")
+            if not math.isfinite(self.budget) or self.budget < 0:
+                raise ValueError(f"budget must be >= 0 and finite, got {self.budget}")
+
+    @property
+    def label(self) -> str:
+        """The setup as rows and tables name it: the setup, or "ours@B" for a budget cell."""
+        return self.setup if self.budget is None else budget_label(self.budget)
 
     @property
     def name(self) -> str:
-        """backend/precision/setup, as the progress line and the tables print it."""
-        return f"{self.backend}/{self.precision}/{self.setup}"
+        """backend/precision/label, as the progress line and the tables print it."""
+        return f"{self.backend}/{self.precision}/{self.label}"
 
     def config(self) -> RematConfig:
-        """The setup's RematConfig."""
-        return remat_config(self.setup)
+        """The setup's RematConfig (with memory_budget for a budget cell)."""
+        config = remat_config(self.setup)
+        if self.budget is None:
+            return config
+        return dataclasses.replace(config, memory_budget=self.budget)
 
     def compile_backend(self, on_partition=None):
         """The product's own torch.compile backend for this cell; on_partition(fw, bw,
@@ -117,6 +152,10 @@ class Cell:
 
 
 def matrix(backends: Iterable[str] = BACKEND_KINDS, precisions: Iterable[str] = PRECISIONS,
-           setups: Iterable[str] = SETUPS) -> list[Cell]:
-    """Cells in the order they run: per backend and precision, the setups side by side."""
-    return [Cell(b, p, s) for b in backends for p in precisions for s in setups]
+           setups: Iterable[str] = SETUPS, budgets: Sequence[float] = ()) -> list[Cell]:
+    """Cells in the order they run: per backend and precision, the setups side by side, then
+    one "ours@B" cell per budget, in the order given."""
+    setups, budgets = list(setups), list(dict.fromkeys(budgets))  # a repeat would share a row
+    return [cell for b in backends for p in precisions
+            for cell in ([Cell(b, p, s) for s in setups]
+                         + [Cell(b, p, BUDGET_SETUP, budget=x) for x in budgets])]

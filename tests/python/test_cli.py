@@ -102,6 +102,13 @@ def test_profile_rejects_a_run_without_ranks():
         cli.main(["profile", "--world", "0"])
 
 
+@pytest.mark.parametrize("budget", ["-1", "nan", "inf", "half"])
+def test_profile_rejects_a_budget_that_is_not_a_size(budget, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["profile", "--budgets", "1", budget])
+    assert "--budgets" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command,flags,flag", [
     ("profile", ["--layers", "0"], "--layers"),
     ("compare", ["--hidden", "100"], "--hidden"),

@@ -12,6 +12,7 @@ its bf16 and fp32 gradients (`one_layer`).
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -122,3 +123,63 @@ def test_backend_shows_every_partition_to_its_observer(kind):
     for fw, bw, inputs in seen:
         assert isinstance(fw, torch.fx.GraphModule) and isinstance(bw, torch.fx.GraphModule)
         assert sum(isinstance(i, torch.nn.Parameter) for i in inputs) == 4
+
+
+TINY = ["--layers", "1", "--hidden", "64", "--heads", "2", "--seq", "8", "--vocab", "64"]
+
+
+def test_budgets_are_cells_after_the_setups():
+    from deepcompile_remat.profile.setups import Cell, matrix
+
+    cells = matrix(["eager"], ["autocast", "bf16"], ["baseline", "ours"], [1, 0.5, 1])
+    assert [c.name for c in cells] == [
+        f"eager/{p}/{s}" for p in ("autocast", "bf16")
+        for s in ("baseline", "ours", "ours@1", "ours@0.5")]
+    budget_cell = cells[2]
+    assert budget_cell.config().memory_budget == 1
+    assert budget_cell.config() == type(budget_cell.config())(memory_budget=1)
+    assert cells[1].config().memory_budget is None
+    with pytest.raises(ValueError, match="budget runs the 'ours' setup"):
+        Cell("eager", "autocast", "marking", budget=0.5)
+    with pytest.raises(ValueError, match=">= 0"):
+        Cell("eager", "autocast", "ours", budget=-1.0)
+
+
+def test_profile_budgets(tmp_path, capsys):
+    # Two gloo ranks, a tiny GPT, eager: ours and ours@1, @0.3, @0. Each feasible budget
+    # row holds budget mode's decision, and what it saves fits its budget; budget 1 is the
+    # ordinary cut's bytes; a smaller budget recomputes at least as much. Budget 0 is below
+    # the smallest legal cut here (ZeRO-3's marking and the RNG rules make some values
+    # unrecomputable): a row saying so, not a crash; were it feasible, it must fit too.
+    out = tmp_path / "out"
+    assert cli.main(["profile", "--backends", "eager", "--precisions", "autocast",
+                     "--setups", "ours", "--budgets", "1", "0.3", "0", *TINY, "--steps", "1",
+                     "--warmup", "0", "--profiled-steps", "1", "--quiet",
+                     "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows, meta = results.load(str(out / "results.json"))
+    assert meta["budgets"] == [1.0, 0.3, 0.0]
+    setups = ("ours", "ours@1", "ours@0.3", "ours@0")
+    assert sorted((r["setup"], r["rank"]) for r in rows) == sorted(
+        (s, rank) for s in setups for rank in (0, 1))
+    folded = results.fold(rows)
+    ours, full, part, zero = (results.cell(folded, "eager", "autocast", s) for s in setups)
+    assert ours["budget"] is None and not ours["infeasible"]
+    for budget, c in ((1.0, full), (0.3, part)):
+        assert c["budget"] == budget and not c["infeasible"] and c["budget_graphs"] >= 1
+        assert c["budget_saved_bytes"] <= c["budget_bytes"]
+        assert c["budget_bytes"] == pytest.approx(budget * c["budget_default_saved_bytes"],
+                                                  abs=c["budget_graphs"])
+        assert c["peak_bytes"] > 0 and c["step_s"] > 0 and c["optimality_gap_flops"] >= 0
+    assert full["budget_saved_bytes"] == full["budget_default_saved_bytes"] > 0
+    assert part["recompute_flops"] >= full["recompute_flops"]
+    assert part["budget_saved_bytes"] < full["budget_saved_bytes"]
+    if zero["infeasible"]:
+        assert zero["min_budget_bytes"] > 0 and math.isnan(zero["peak_bytes"])
+        assert "ours@0       infeasible (min" in text
+    else:
+        assert zero["budget_saved_bytes"] <= zero["budget_bytes"] == 0
+    assert "memory budget: ours@B" in text
+    assert (out / "results.csv").read_text().count("\n") == len(rows) + 1
+    assert "budget_saved_bytes" in (out / "results.csv").read_text().splitlines()[0]
+    assert (out / "budgets.png").stat().st_size > 0
