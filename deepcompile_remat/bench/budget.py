@@ -22,10 +22,18 @@ Both sides are measured the same way, from the partitioned modules:
                   views). One estimator for both sides. The count over every recomputed op, free
                   ones at one flop per output element, is kept as well (all_ops_flops).
 
-Flags per row: "worse on both" (ours saves more AND recomputes more than torch: must not
-happen), "ours@torch costs more" (ours within torch's bytes recomputes more than torch),
-"torch non-monotone" (a smaller budget that saves more bytes or recomputes less than the next
-larger one), "ours non-monotone" likewise.
+Flags per row:
+  worse on both               ours saves more AND recomputes more than torch (must not happen);
+  ours@torch costs more       ours within torch's bytes recomputes more than torch: allowed by
+                              our solver's contract only within its stated optimality gap
+                              (budget_cut.h, "Choice"), and said so ("within our gap");
+  torch recomputes ops we ban torch's cut recomputes what our constraints never recompute
+                              (CPU flash attention is tagged random): a cut we may not take, so
+                              it may lie below our hull;
+  torch below our hull        otherwise torch found a cut our hull says cannot exist (a bug);
+  measured != solver          our modules measure other bytes/cost than our solver reported;
+  torch / ours non-monotone   a smaller budget that saves more bytes, or recomputes less, than
+                              the next larger one.
 """
 from __future__ import annotations
 
@@ -81,6 +89,8 @@ class Measured:
 
 @dataclass
 class BudgetRow:
+    """One budget fraction on one graph: torch's cut, ours, ours at torch's bytes, and what
+    our solver said of them."""
     budget: float
     torch: Measured
     ours: Measured
@@ -98,6 +108,7 @@ class BudgetRow:
 
 @dataclass
 class GraphResult:
+    """Every budget on one captured graph, with both fractions' bases."""
     model: str
     sizes: Sizes
     graph_nodes: int
@@ -442,6 +453,7 @@ def _torch_solver_available(solver: str) -> Optional[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """bench-budget's options (run's docstring has its help line)."""
     parser.add_argument("--model", choices=MODELS, action="append",
                         help="gpt (built-in) or llama (transformers); repeat for both "
                              "(default: both)")

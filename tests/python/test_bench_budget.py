@@ -88,3 +88,11 @@ def test_absolute_budget_never_reads_as_a_fraction():
     assert bench_budget.absolute_budget(1024.0) == 1024.0
     assert bench_budget.absolute_budget(1.0) == 0.0
     assert not math.isnan(bench_budget.absolute_budget(0.0))
+
+
+def test_ilp_without_scipy_is_skipped_with_a_note(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)  # import fails: as if absent
+    assert cli.main(["bench-budget", "--solver", "ilp"]) == 0
+    assert "needs scipy" in capsys.readouterr().out
