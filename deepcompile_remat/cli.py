@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from deepcompile_remat.bench import budget as bench_budget
 from deepcompile_remat.bench import deepspeed_bench
 from deepcompile_remat.bench import partition as bench_partition
 from deepcompile_remat.bench import solver as bench_solver
@@ -21,6 +22,7 @@ SUBCOMMANDS = {
     compare_command.NAME: (compare_command.add_arguments, compare_command.run),
     bench_solver.NAME: (bench_solver.add_arguments, bench_solver.run),
     bench_partition.NAME: (bench_partition.add_arguments, bench_partition.run),
+    bench_budget.NAME: (bench_budget.add_arguments, bench_budget.run),
     deepspeed_bench.NAME: (deepspeed_bench.add_arguments, deepspeed_bench.run),
 }
 
