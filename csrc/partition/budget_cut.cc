@@ -397,8 +397,11 @@ BudgetDecision BudgetSolver::Choose(double budget_bytes) {
     for (int64_t v : touched) delta += contribution(v);
     for (int64_t x : added) pending[x] = 0;
     if (bytes + delta > budget_bytes) {
-      for (int64_t x : added) in_s[x] = 0;  // does not fit: the walk stops (prefixes are nested)
-      break;
+      // Does not fit: skip it and try the later ones (first fit). Still monotone in the
+      // budget: two budgets walk alike up to the first component only the larger one takes,
+      // and from there the larger one's bytes already exceed the smaller budget.
+      for (int64_t x : added) in_s[x] = 0;
+      continue;
     }
     bytes += delta;
   }

@@ -50,17 +50,19 @@
 //       reach(s), closed under residual arcs, away from the nodes that reach t), and all lie
 //       on the edge. The walk contracts the free nodes' strongly connected components, orders
 //       them by their first graph node (FX order: the forward's order), and adds them in
-//       bit-reversal order of that list, each with the closure it needs, so every prefix is a
-//       min cut spread evenly along the graph (evenly spaced checkpoints on a chain, as in
-//       Chen et al.'s sqrt(n) schedule), not a prefix of it. The decision is the longest such
-//       prefix whose bytes fit. Its (bytes, cost) lies on the edge; optimality_gap = its cost
-//       - hull(B) >= 0 is returned with it: at most one step of the walk (one component and
-//       its closure) away from hull(B), and 0 at a vertex. A cut strictly inside the hull
-//       (better than every hull point, not a min cut for any lambda) can beat it by at most
-//       that gap.
-// Monotone in B: the candidates form one nested chain (the vertices in byte order, each edge
-// walked from its low end), so a smaller budget never saves more bytes and, every candidate
-// lying on the hull with the costs strictly decreasing along it, never recomputes less.
+//       bit-reversal order of that list, each with the closure it needs (first fit: one
+//       that would overshoot B is skipped and the walk goes on), so the cuts it passes
+//       through are min cuts spread evenly along the graph (evenly spaced checkpoints on a
+//       chain, as in Chen et al.'s sqrt(n) schedule), not a prefix of it. Its (bytes, cost)
+//       lies on the edge; optimality_gap = its cost - hull(B) >= 0 is returned with it: at
+//       most the smallest step the walk could not take, and 0 at a vertex. A cut strictly
+//       inside the hull (better than every hull point, not a min cut for any lambda) can beat
+//       it by at most that gap.
+// Monotone in B: along an edge every candidate is a min cut, so its cost falls exactly as its
+// bytes rise; two budgets B1 < B2 walk alike up to the first component only B2 takes, and from
+// there B2's bytes already exceed B1 >= B1's final bytes (a step never lowers bytes). Across
+// edges the vertices are in byte order. So a smaller budget never saves more bytes and never
+// recomputes less.
 //
 // Exactness. Reported (bytes, cost) of every point are computed from its saved set (Evaluate),
 // never from a flow value. The flows are exact while the capacities alpha * bytes and
