@@ -20,6 +20,8 @@ import torch
 import torch.fx as fx
 from torch._functorch import partitioners as _tp
 
+from deepcompile_remat.partition import op_classes
+
 
 @functools.lru_cache(maxsize=1)
 def _extract_params() -> frozenset:
@@ -78,10 +80,10 @@ def can_replay_rng() -> bool:
 
 
 def is_seeded_random(node: fx.Node) -> bool:
-    """A random op whose draw is a function of the RNG state (Tag.nondeterministic_seeded):
-    replayable from a saved state."""
-    return (node.op == "call_function" and hasattr(node.target, "tags")
-            and torch.Tag.nondeterministic_seeded in node.target.tags)
+    """A random op whose draw is a function of the RNG state (Tag.nondeterministic_seeded)
+    and that draws in this call (op_classes.draws_randomness): replayable from a saved
+    state."""
+    return op_classes.draws_randomness(node)
 
 
 def recomputed_random_ops(fw: fx.GraphModule, bw: fx.GraphModule) -> list[str]:

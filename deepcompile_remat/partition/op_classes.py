@@ -56,6 +56,35 @@ def _with_effects():
     return with_effects
 
 
+def _no_dropout(node: fx.Node, target: torch._ops.OpOverload) -> bool:
+    """An op tagged nondeterministic_seeded only for its dropout (the SDPA kernels) draws
+    nothing when dropout_p is 0: run again, it gives the same result, so it is an ordinary
+    compute-intensive op (torch's budget solver recomputes it too)."""
+    for i, arg in enumerate(target._schema.arguments):
+        if arg.name != "dropout_p":
+            continue
+        if i < len(node.args):
+            value = node.args[i]
+        elif arg.name in node.kwargs:
+            value = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            value = arg.default_value
+        else:
+            return False
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+    return False
+
+
+def draws_randomness(node: fx.Node) -> bool:
+    """A seeded random op (Tag.nondeterministic_seeded) that draws in this call: running it
+    again without its forward RNG state would give another result. SDPA with dropout_p == 0
+    carries the tag but draws nothing."""
+    target = node.target
+    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in target.tags
+            and not _no_dropout(node, target))
+
+
 def classify(node: fx.Node) -> OpClass:
     """The OpClass of `node` (module docstring)."""
     if node.op == "placeholder":
@@ -76,7 +105,7 @@ def classify(node: fx.Node) -> OpClass:
         if target.namespace in GATHER_NAMESPACES:
             return OpClass.GATHER
         packet = target.overloadpacket
-        if packet in random or torch.Tag.nondeterministic_seeded in target.tags:
+        if packet in random or draws_randomness(node):
             return OpClass.RANDOM
         if packet in _CASTS:
             return OpClass.CAST

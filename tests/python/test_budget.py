@@ -137,3 +137,24 @@ def test_chain_budget_reaches_sqrt_n_peak():
     assert row["default_peak"] >= 16 and row["best_cost"] <= 1.0
     assert row["best_peak"] <= 2 * math.sqrt(16) + 4
     assert row["best_saved"] == 5  # the input and 4 evenly spaced checkpoints
+
+
+@pytest.mark.parametrize("dropout_p,random", [(0.0, False), (0.3, True)])
+@pytest.mark.parametrize("as_kwarg", [False, True])
+def test_sdpa_without_dropout_is_an_ordinary_compute_intensive_op(dropout_p, random, as_kwarg):
+    """SDPA carries torch's random tag for its dropout. With dropout_p == 0 it draws nothing,
+    so budget mode may price and recompute it (as torch's budget solver does); with dropout it
+    stays a random op, never run again without its forward RNG state."""
+    import torch.fx as fx
+
+    from deepcompile_remat.partition import op_classes
+
+    g = fx.Graph()
+    q, k, v = (g.placeholder(name) for name in "qkv")
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    args, kwargs = ((q, k, v), {"dropout_p": dropout_p}) if as_kwarg else ((q, k, v, dropout_p), {})
+    node = g.call_function(op, args, kwargs)
+    assert torch.Tag.nondeterministic_seeded in op.tags
+    assert op_classes.draws_randomness(node) == random
+    expected = op_classes.OpClass.RANDOM if random else op_classes.OpClass.COMPUTE_INTENSIVE
+    assert op_classes.classify(node) == expected
