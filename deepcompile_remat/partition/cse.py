@@ -1,7 +1,7 @@
 """Common-subexpression elimination of a joint graph, in place, in one pass.
 
-Merges torch's fx_graph_cse would merge, by the same rules, without building a new graph
-(torch's copies every node; this one erases only the duplicates):
+torch's fx_graph_cse copies every node into a new graph; this pass erases only the
+duplicates. Its rules are torch's, plus one:
   - two call_function nodes are the same value when their target, args and kwargs are equal
     (nested containers compared by structure, SymInt arguments by their SymNode, a leaf also
     by its type: 1 and 1.0 differ);
@@ -12,13 +12,17 @@ Merges torch's fx_graph_cse would merge, by the same rules, without building a n
     symbol;
   - a duplicate merges only within its mutation region (the span between two mutating ops):
     across a mutation the same expression may read other data, so the later one becomes the
-    representative for what follows.
-Like torch's, it keeps the first node of a class and its meta (its 'recompute' tag included).
-It differs in one way: torch keys its table by a Python hash and, on a hash collision
-between different expressions (hash(-1) == hash(-2)), leaves the second one unmerged for
-good; this table is keyed by the expression itself, so such duplicates merge too.
+    representative for what follows;
+  - ours only: nodes merge only when their checkpoint tags agree (meta 'recompute' and
+    'ac_graph_id'). Merging the same mask computed in two checkpoint regions would make one
+    region's value an input of the other, which the cut must then save or recompute across
+    the boundary (seen: more saved bytes than torch's on a checkpointed SDPA stack).
+The first node of a class stays, with its meta. torch keys its table by a Python hash and,
+where two different expressions collide (hash(-1) == hash(-2): unsqueeze(x, -1) after
+unsqueeze(x, -2)), leaves the later one unmerged for good; this table is keyed by the
+expression itself, so exact duplicates always merge (within the rules above).
 
-Also sets node.meta["mutation_region_id"] on every node, as torch's does (inductor reads it).
+Sets node.meta["mutation_region_id"] on every node, as torch's does (inductor reads it).
 Cost: O(nodes + edges), each node hashed once; erasing a duplicate is O(its users).
 """
 from __future__ import annotations
@@ -139,7 +143,8 @@ def eliminate_common_subexpressions(graph: fx.Graph) -> int:
         if _is_unbacked_symbol(n.meta.get("val")):
             continue
         try:
-            key = (n.target, _key(n.args), _key(n.kwargs))
+            key = (n.target, _key(n.args), _key(n.kwargs), n.meta.get("recompute"),
+                   n.meta.get("ac_graph_id"))
             hash(key)
         except TypeError:  # an unhashable constant argument: leave the node alone
             continue

@@ -114,6 +114,19 @@ def _checkpointed_block(dropout):
     return (lambda x: checkpoint(block, x, use_reentrant=False)), [x], list(block.parameters())
 
 
+def _checkpointed_stack():
+    """Two checkpointed blocks: each builds the same causal mask, in its own region."""
+    blocks = nn.ModuleList([Block(), Block()])
+    x = torch.randn(2, 8, 32, requires_grad=True)
+
+    def fn(x):
+        for block in blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        return x
+
+    return fn, [x], list(blocks.parameters())
+
+
 def _selective_checkpoint():
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
@@ -155,6 +168,7 @@ CASES = {
         lambda: (lambda m: (m, [torch.randint(0, 64, (2, 12))], list(m.parameters())))(
             GPT(layers=2)), {"dynamic": True}, "ours"),
     "checkpoint": (functools.partial(_checkpointed_block, 0.0), {}, "ours"),
+    "checkpoint-2-regions": (_checkpointed_stack, {}, "ours"),
     "selective-checkpoint": (_selective_checkpoint, {}, "ours"),
     # a seeded random op recomputed in the backward: its RNG state must be replayed, which
     # only torch's path does; ours must step aside, and say why
@@ -199,7 +213,8 @@ def test_effectful_op_runs_once(effectful_tally):
 # --- CSE and DCE against torch's ------------------------------------------------------------
 
 def _joint_graphs():
-    """Joint graphs as AOTAutograd hands them over (zoo GPT, HF Llama, a checkpointed block)."""
+    """Joint graphs as AOTAutograd hands them over (zoo GPT, HF Llama, two checkpointed
+    blocks)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
 
@@ -213,7 +228,7 @@ def _joint_graphs():
         return default_partition(joint, joint_inputs, **kw)
 
     for build in (functools.partial(_zoo_case, "gpt"), functools.partial(_hf_case, "llama"),
-                  functools.partial(_checkpointed_block, 0.1)):
+                  _checkpointed_stack):
         fn, inputs, _ = build()
         torch._dynamo.reset()
         torch.compile(fn, backend=aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=keep),
@@ -222,10 +237,12 @@ def _joint_graphs():
 
 
 def test_cse_and_dce_match_torchs():
+    """Same DCE everywhere; the same CSE where no checkpoint tags tell nodes apart (the
+    checkpointed graph is the rule we add: see test_cse_keeps_checkpoint_regions_apart)."""
     from torch._functorch.compile_utils import fx_graph_cse
 
     merged = 0
-    for joint in _joint_graphs():
+    for joint in _joint_graphs()[:2]:
         ours, theirs = copy.deepcopy(joint), copy.deepcopy(joint)
         dce.eliminate_dead_code(ours)
         theirs.graph.eliminate_dead_code()
@@ -236,6 +253,31 @@ def test_cse_and_dce_match_torchs():
         assert [n.meta["mutation_region_id"] for n in ours.graph.nodes] == \
             [n.meta["mutation_region_id"] for n in theirs.graph.nodes]
     assert merged > 0
+
+
+def test_cse_keeps_checkpoint_regions_apart():
+    """Duplicates inside one region merge; across regions (or tagged against untagged) they
+    stay apart, so no region reads a value another region computed."""
+    joint = _joint_graphs()[2]
+    dce.eliminate_dead_code(joint)
+    cse.eliminate_common_subexpressions(joint.graph)
+    seen = {}
+    for n in joint.graph.nodes:
+        if n.op != "call_function" or cse._never_merged(n.target):
+            continue
+        key = (n.target, cse._key(n.args), cse._key(n.kwargs), n.meta.get("recompute"),
+               n.meta.get("ac_graph_id"), n.meta["mutation_region_id"])
+        assert key not in seen, f"{n.name} duplicates {seen[key].name}"  # nothing left to merge
+        seen[key] = n
+    # each block builds its causal mask (ones -> tril -> not) in its own region, and keeps it
+    masks = [n.meta.get("ac_graph_id") for n in joint.graph.nodes
+             if n.target is torch.ops.aten.tril.default]
+    assert len(masks) == 2 and len(set(masks)) == 2 and None not in masks, masks
+    theirs = copy.deepcopy(joint)  # torch's merges them: one region reads the other's mask
+    from torch._functorch.compile_utils import fx_graph_cse
+
+    assert sum(n.target is torch.ops.aten.tril.default
+               for n in fx_graph_cse(theirs.graph).nodes) == 1
 
 
 def _traced(fn, *args) -> torch.fx.GraphModule:
