@@ -41,6 +41,7 @@ once), plus one node copy per node of each graph.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import operator
@@ -51,7 +52,14 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._functorch import partitioners as _tp
 
+from deepcompile_remat.partition.dce import ImpureNodes
+
 FORWARD, BACKWARD = "forward", "backward"
+
+
+# torch's own predicates we apply, so that inputs and placement mean what they mean there
+_TORCH_RULES = ("_is_primal", "_is_tangent", "_is_fwd_seed_offset", "_is_bwd_seed_offset",
+                "_must_be_in_backward", "_must_be_in_forward")
 
 
 class Unsupported(Exception):
@@ -97,7 +105,7 @@ def unsupported_reason(joint_module: fx.GraphModule, saved_values, saved_sym_nod
         return "opaque objects are saved"
     saved_type, _ = _descriptor_types()
     if saved_type is None or not {"saved_opaque_nodes", "static_lifetime_input_nodes"} <= \
-            _torch_helper_params():
+            _torch_helper_params() or not all(hasattr(_tp, name) for name in _TORCH_RULES):
         return "this torch lays out saved values differently"
     graph = joint_module.graph
     if graph.find_nodes(op="call_module") or graph.find_nodes(op="call_method"):
@@ -106,9 +114,8 @@ def unsupported_reason(joint_module: fx.GraphModule, saved_values, saved_sym_nod
     if invoke_subgraph is not None and graph.find_nodes(op="call_function",
                                                         target=invoke_subgraph):
         return "invoke_subgraph (its RNG states are threaded through by torch)"
-    quant = getattr(getattr(torch._inductor.config, "post_grad_fusion_options", None),
-                    "get", lambda *_: None)("activation_quantization_aten_pass", None)
-    if quant is not None:
+    fusion_options = getattr(torch._inductor.config, "post_grad_fusion_options", None) or {}
+    if fusion_options.get("activation_quantization_aten_pass") is not None:
         return "activation quantization is on"
     kinds = _opaque_object_types()
     if kinds:
@@ -124,19 +131,6 @@ def unsupported_reason(joint_module: fx.GraphModule, saved_values, saved_sym_nod
 @functools.lru_cache(maxsize=None)
 def _is_mutable_op(target) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
-
-
-def _dce_impure_random() -> bool:
-    """Whether FX's dead-code elimination keeps unused random ops right now (it does
-    outside a compile; inside one, inductor's fallback_random decides)."""
-    if torch._guards.TracingContext.try_get():
-        return bool(torch._inductor.config.fallback_random)
-    return True
-
-
-@functools.lru_cache(maxsize=1)
-def _is_impure_takes_flag() -> bool:
-    return "impure_random" in inspect.signature(fx.Node.is_impure).parameters
 
 
 class _Joint:
@@ -164,22 +158,7 @@ class _Joint:
                     self.only_backward.add(n)
                 if _tp._must_be_in_forward(n):
                     self.only_forward.add(n)
-        impure_random = _dce_impure_random()
-        takes_flag = _is_impure_takes_flag()
-        self._impure_cache: dict = {}
-        self._is_impure = ((lambda n: n.is_impure(impure_random)) if takes_flag
-                           else (lambda n: n.is_impure()))
-
-    def impure(self, n: fx.Node) -> bool:
-        """FX's dead-code rule: a node DCE keeps although nothing uses it."""
-        if n.op == "get_attr":
-            return False
-        if isinstance(n.target, torch._ops.OpOverload):
-            hit = self._impure_cache.get(n.target)
-            if hit is None:
-                hit = self._impure_cache[n.target] = self._is_impure(n)
-            return hit
-        return self._is_impure(n)
+        self.impure = ImpureNodes()  # FX's dead-code rule: kept although unused
 
     def subgraph(self, inputs: list, outputs: list, side: str) -> set:
         """The joint nodes (not inputs) a graph with these inputs computes and keeps."""
@@ -206,9 +185,7 @@ class _Joint:
                 if x not in valid:
                     raise Unsupported(f"{side} output {x.name} depends on the other graph")
                 stack.append(x)
-        for n in candidates:
-            if self.impure(n):
-                stack.append(n)
+        stack.extend(n for n in candidates if n.op == "call_function" and self.impure(n))
         while stack:
             n = stack.pop()
             if n in kept or n in inputs_set:
@@ -307,7 +284,9 @@ def _build(joint_module: fx.GraphModule, inputs: list, order: list, outputs: lis
     env: dict = {}
     for n in inputs:
         p = graph.placeholder(n.name)
-        p.meta = n.meta  # as torch's: a placeholder shares its joint node's meta
+        # as torch's: forward placeholders share the joint node's meta; the backward's are
+        # copies (its reordering copies every node once more)
+        p.meta = copy.copy(n.meta) if backward else n.meta
         env[n] = p
     lookup = env.__getitem__
     for n in order:
@@ -353,16 +332,20 @@ def _bind_symbols(joint_module, saved_values, saved_sym_nodes, tangents) -> list
     return binding + derived
 
 
-def _unused_by(kept: set, inputs: list) -> set:
-    """Inputs no kept node reads; or read only by dead wait_tensor calls (a saved collective
-    result the backward never waits on for a use)."""
+def _unused_by(kept: set, outputs: set, inputs: list) -> set:
+    """Inputs neither a kept node nor the output reads; or read only by dead wait_tensor
+    calls (a saved collective result the backward never uses)."""
     wait = getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)
     wait = getattr(wait, "default", None) if torch.distributed.is_available() else None
+
+    def users(n: fx.Node) -> list:
+        return [u for u in n.users if u in kept] + ([n] if n in outputs else [])
+
     unused = set()
     for n in inputs:
-        users = [u for u in n.users if u in kept]
-        if not users or (wait is not None and all(
-                u.target is wait and not any(v in kept for v in u.users) for u in users)):
+        readers = users(n)
+        if not readers or (wait is not None and all(
+                u is not n and u.target is wait and not users(u) for u in readers)):
             unused.add(n)
     return unused
 
@@ -386,7 +369,8 @@ def extract_modules(joint_module: fx.GraphModule, saved_values: list, saved_sym_
     saved_set = set(saved_values) | set(saved_sym_nodes)
     bw_inputs = [*saved_sym_nodes, *saved_values, *joint.tangents, *joint.bwd_seeds]
     kept_bw = joint.subgraph(bw_inputs, joint.bwd_outputs, BACKWARD)
-    unused = _unused_by(kept_bw, [n for n in bw_inputs if n in saved_set])
+    bw_output_nodes = {x for x in joint.bwd_outputs if isinstance(x, fx.Node)}
+    unused = _unused_by(kept_bw, bw_output_nodes, [n for n in bw_inputs if n in saved_set])
     values = [n for n in saved_values if n not in unused]
     syms = [n for n in saved_sym_nodes if n not in unused]
     syms = _bind_symbols(joint_module, values, syms, joint.tangents)

@@ -143,6 +143,27 @@ def _selective_checkpoint():
     return fn, [x], [*fc1.parameters(), *fc2.parameters()]
 
 
+class _GradIsSaved(torch.autograd.Function):
+    """A backward that returns a saved forward value as it is: the backward's output is a
+    node of the forward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.sin().exp()
+        ctx.save_for_backward(y)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return y
+
+
+def _grad_is_saved():
+    x = torch.randn(64, requires_grad=True)
+    return (lambda x: _GradIsSaved.apply(x).cos()), [x], []
+
+
 def _effectful():
     lin = nn.Linear(16, 16)
     x = torch.randn(4, 16, requires_grad=True)
@@ -174,6 +195,7 @@ CASES = {
     # only torch's path does; ours must step aside, and say why
     "checkpoint-dropout": (functools.partial(_checkpointed_block, 0.1), {}, "torch: random ops"),
     "effect-tokens": (_effectful, {}, "ours"),
+    "gradient-is-a-saved-value": (_grad_is_saved, {}, "ours"),
 }
 
 
