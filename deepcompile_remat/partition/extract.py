@@ -59,6 +59,10 @@ def extract_fwd_bwd_modules(
                 times=times)
         except extract_fast.Unsupported as err:
             reason = str(err)
+        except Exception as err:  # a bug of ours must not fail the user's compile
+            reason = f"our extraction failed ({err!r})"
+            log.warning("deepcompile_remat: %s; using torch's. Please report this with the "
+                        "graph.", reason, exc_info=True)
         else:
             check_no_random_op_redrawn(fw_module, bw_module)
             if times is not None:
