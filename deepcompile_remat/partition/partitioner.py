@@ -4,9 +4,9 @@
 
 Steps: clean the joint graph (DCE, CSE, hooks' joint rewrites, torch's force-save rules for
 effectful ops and backward mutations) -> export it as arrays (fx_export) -> solve in C++
-(csrc/partition) -> split saved values into SymInts / opaque objects / tensors -> extract the
-two modules with torch's helper (extract.py) -> hooks' passes over the two modules -> record a
-PartitionReport.
+(csrc/partition) -> split saved values into SymInts / opaque objects / tensors -> build the
+two modules (extract.py: our extraction, torch's helper where ours steps aside) -> hooks'
+passes over the two modules -> record a PartitionReport.
 
 Hooks (PartitionHook) are how a runtime adds graph passes around the cut without the
 partitioner knowing it: the ZeRO-3 runtime plugs in this way (zero3/hooks.py, composed in
