@@ -1,9 +1,14 @@
-"""The one compatibility shim over torch's module extraction.
+"""Builds the forward and backward modules from the cut: ours, else torch's helper.
 
-Given the saved values, building the forward and backward GraphModules is torch's job
-(``_extract_fwd_bwd_modules``): it knows AOTAutograd's calling convention (saved SymInts
-first, opaque objects, static inputs, tangents). Its signature changed across releases, so
-we bind by keyword after inspecting it; torch 2.11 (GPU machine) and 2.13 (CI) both work.
+Our extraction (extract_fast.py) builds the same modules as torch's path at a fraction of
+the cost. Where it does not cover a graph (extract_fast.unsupported_reason, or Unsupported
+raised while building: opaque objects, recomputed random ops, HOP RNG threading, ...), the
+modules come from torch's ``_extract_fwd_bwd_modules`` and the passes torch runs after it.
+The choice is explicit and logged at debug level, never a silent difference.
+
+torch's helper knows AOTAutograd's calling convention (saved SymInts first, opaque objects,
+static inputs, tangents). Its signature changed across releases, so we bind by keyword after
+inspecting it; torch 2.11 (GPU machine) and 2.13 (CI) both work.
 
 Random ops the cut recomputes (only seeded ones inside a checkpoint region: see
 csrc/partition/remat_partition.h) get their forward RNG state saved and replayed in the
@@ -15,12 +20,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+from typing import Optional
 
 import torch
 import torch.fx as fx
 from torch._functorch import partitioners as _tp
 
-from deepcompile_remat.partition import op_classes
+from deepcompile_remat.partition import extract_fast, op_classes
+
+log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,8 +45,48 @@ def extract_fwd_bwd_modules(
     *,
     num_fwd_outputs: int,
     static_lifetime_input_nodes,
+    times: Optional[dict] = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """Builds (forward, backward) modules; mutates the saved lists to what the backward uses."""
+    """Builds (forward, backward) modules; mutates the saved lists to what the backward uses.
+    Our extraction where it covers the graph, else torch's (module docstring). `times`, if
+    given, receives 'path' ("ours" or "torch: <reason>") and ours' phase seconds."""
+    reason = extract_fast.unsupported_reason(joint_module, saved_values, saved_sym_nodes,
+                                             saved_opaque_nodes)
+    if reason is None:
+        try:
+            fw_module, bw_module = extract_fast.extract_modules(
+                joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs,
+                times=times)
+        except extract_fast.Unsupported as err:
+            reason = str(err)
+        except Exception as err:  # a bug of ours must not fail the user's compile
+            reason = f"our extraction failed ({err!r})"
+            log.warning("deepcompile_remat: %s; using torch's. Please report this with the "
+                        "graph.", reason, exc_info=True)
+        else:
+            check_no_random_op_redrawn(fw_module, bw_module)
+            if times is not None:
+                times["path"] = "ours"
+            return fw_module, bw_module
+    log.debug("deepcompile_remat: torch's module extraction, because %s", reason)
+    if times is not None:
+        times["path"] = f"torch: {reason}"
+    return torch_extract_fwd_bwd_modules(
+        joint_module, saved_values, saved_sym_nodes, saved_opaque_nodes,
+        num_fwd_outputs=num_fwd_outputs, static_lifetime_input_nodes=static_lifetime_input_nodes)
+
+
+def torch_extract_fwd_bwd_modules(
+    joint_module: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    saved_opaque_nodes: list[fx.Node],
+    *,
+    num_fwd_outputs: int,
+    static_lifetime_input_nodes,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """torch's path: its helper, RNG replay of recomputed random ops, the autograd-engine
+    reordering, raised getitems and HOP RNG threading. Mutates the saved lists as above."""
     params = _extract_params()
     kwargs = {"num_fwd_outputs": num_fwd_outputs}
     if "static_lifetime_input_nodes" in params:

@@ -5,9 +5,9 @@
 
 Steps: clean the joint graph (DCE, CSE, hooks' joint rewrites, torch's force-save rules for
 effectful ops and backward mutations) -> export it as arrays (fx_export) -> solve in C++
-(csrc/partition) -> split saved values into SymInts / opaque objects / tensors -> extract the
-two modules with torch's helper (extract.py) -> hooks' passes over the two modules -> record a
-PartitionReport.
+(csrc/partition) -> split saved values into SymInts / opaque objects / tensors -> build the
+two modules (extract.py: our extraction, torch's helper where ours steps aside) -> hooks'
+passes over the two modules -> record a PartitionReport.
 
 Hooks (PartitionHook) are how a runtime adds graph passes around the cut without the
 partitioner knowing it: the ZeRO-3 runtime plugs in this way (zero3/hooks.py, composed in
@@ -26,7 +26,7 @@ import torch.fx as fx
 from deepcompile_remat import _C
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_values import observed_bytes, symbolic_bytes
-from deepcompile_remat.partition import budget, extract, fx_export, report
+from deepcompile_remat.partition import budget, cse, dce, extract, fx_export, report
 
 PartitionConflictError = _C.PartitionConflictError
 log = logging.getLogger(__name__)
@@ -49,11 +49,11 @@ class PartitionHook(Protocol):
 
 def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig,
                          hooks: Sequence[PartitionHook]) -> None:
-    joint_module.graph.eliminate_dead_code()
+    """DCE and CSE (FX's and torch's rules, in place: dce.py, cse.py), the hooks' joint
+    rewrites, then torch's force-save rules."""
+    dce.eliminate_dead_code(joint_module)
     if config.cse:
-        from torch._functorch.compile_utils import fx_graph_cse
-
-        joint_module.graph = fx_graph_cse(joint_module.graph)
+        cse.eliminate_common_subexpressions(joint_module.graph)
     for hook in hooks:
         hook.rewrite_joint(joint_module)
     from torch._functorch import partitioners as tp
