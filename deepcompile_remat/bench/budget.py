@@ -84,6 +84,7 @@ class Measured:
 
     @property
     def feasible(self) -> bool:
+        """The budget admitted a cut (else infeasible_min_bytes names the smallest one)."""
         return self.infeasible_min_bytes is None
 
 

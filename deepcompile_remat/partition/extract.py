@@ -115,10 +115,13 @@ def torch_extract_fwd_bwd_modules(
 
 
 def is_sym_node(node: fx.Node) -> bool:
+    """A SymInt / SymFloat / SymBool value: saved apart from tensors, first (torch's rule)."""
     return _tp.is_sym_node(node)
 
 
 def is_opaque_node(node: fx.Node) -> bool:
+    """An opaque script object (torch.ScriptObject, effect token payloads): saved apart from
+    tensors where this torch's extraction takes them; False on a torch without the notion."""
     fn = getattr(_tp, "is_opaque_node", None)
     return bool(fn(node)) if fn is not None else False
 

@@ -38,6 +38,9 @@ _PARAMETER = int(_C.NodeFlag.PARAMETER)
 
 
 class PartitionHook(Protocol):
+    """How a runtime adds graph passes around the cut without the partitioner knowing it
+    (the ZeRO-3 runtime: zero3/hooks.py::Zero3Hooks)."""
+
     def rewrite_joint(self, joint: fx.GraphModule) -> None:
         """Rewrites the joint graph in place before it is cut."""
 
