@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
 import deepcompile_remat as dcr
-from deepcompile_remat.bench.models import GPT, Block, zoo
+from deepcompile_remat.harness.models import GPT, Block, zoo
 from deepcompile_remat.partition import cse, dce, extract, extract_fast
 
 
@@ -101,10 +101,10 @@ def _zoo_case(name):
 
 
 def _hf_case(preset, **sizes):
-    from deepcompile_remat.bench import hf_models
+    from deepcompile_remat.harness import models as hf_models
 
-    model = hf_models.build(preset, layers=2, hidden=64, seq=16, **sizes)
-    ids = torch.randint(0, hf_models.vocab_size(model), (2, 16))
+    model = hf_models.build_hf(preset, layers=2, hidden=64, seq=16, **sizes)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
     return (lambda x: model(input_ids=x).logits), [ids], list(model.parameters())
 
 
