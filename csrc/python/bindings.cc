@@ -6,6 +6,7 @@
 
 #include "maxflow/max_flow.h"
 #include "maxflow/node_split.h"
+#include "python/error_types.h"
 #include "python/numpy_span.h"
 
 namespace py = pybind11;
@@ -20,25 +21,16 @@ void BindBudget(py::module_& m);     // budget_bindings.cc
 PYBIND11_MODULE(_C, m) {
   using namespace dcr;
   using dcr::python::AsSpan;
+  using dcr::python::BindValueError;
   using dcr::python::ToNumpy;
   m.doc() = "deepcompile_remat native core (no torch)";
   m.attr("__version__") = DCR_VERSION;
 
   // UnboundedCutError(ValueError) carries the offending path as `.path`.
-  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> unbounded_type;
-  unbounded_type.call_once_and_store_result([&m]() {
-    return py::object(py::exception<UnboundedCutError>(m, "UnboundedCutError", PyExc_ValueError));
-  });
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const UnboundedCutError& e) {
-      py::object type = unbounded_type.get_stored();
-      py::object err = type(e.what());
-      err.attr("path") = py::cast(e.path());
-      PyErr_SetObject(type.ptr(), err.ptr());
-    }
-  });
+  BindValueError<UnboundedCutError>(m, "UnboundedCutError",
+                                    [](const UnboundedCutError& e, py::object& err) {
+                                      err.attr("path") = py::cast(e.path());
+                                    });
 
   py::enum_<MaxFlowAlgorithm>(m, "MaxFlowAlgorithm")
       .value("boykov_kolmogorov", MaxFlowAlgorithm::kBoykovKolmogorov)

@@ -7,6 +7,8 @@
 #include <memory>
 
 #include "partition/budget_cut.h"
+#include "python/error_types.h"
+#include "python/joint_graph_arrays.h"
 #include "python/numpy_span.h"
 
 namespace py = pybind11;
@@ -23,21 +25,10 @@ py::tuple PointTuple(const CutPoint& p) {
 
 void BindBudget(py::module_& m) {
   // BudgetInfeasibleError(ValueError) carries `.min_bytes`: the smallest feasible budget.
-  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> infeasible_type;
-  infeasible_type.call_once_and_store_result([&m]() {
-    return py::object(
-        py::exception<BudgetInfeasibleError>(m, "BudgetInfeasibleError", PyExc_ValueError));
-  });
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const BudgetInfeasibleError& e) {
-      py::object type = infeasible_type.get_stored();
-      py::object err = type(e.what());
-      err.attr("min_bytes") = e.min_bytes();
-      PyErr_SetObject(type.ptr(), err.ptr());
-    }
-  });
+  BindValueError<BudgetInfeasibleError>(
+      m, "BudgetInfeasibleError", [](const BudgetInfeasibleError& e, py::object& err) {
+        err.attr("min_bytes") = e.min_bytes();
+      });
 
   py::class_<BudgetSolver>(m, "BudgetSolver",
                            "Parametric min-cut over one joint graph (budget_cut.h).")
@@ -47,20 +38,10 @@ void BindBudget(py::module_& m) {
                        const I64Array& fwd_outputs, const I64Array& bwd_outputs,
                        const F64Array& recompute_cost, RematPolicy policy,
                        bool mark_parameter_aliases) {
-             JointGraphView g;
-             g.num_nodes = static_cast<int64_t>(bytes.size());
-             g.bytes = AsSpan(bytes);
-             g.op_class = AsSpan(op_class);
-             g.flags = AsSpan(flags);
-             g.recompute = AsSpan(recompute);
-             g.ac_graph_id = AsSpan(ac_graph_id);
-             g.edge_tails = AsSpan(edge_tails);
-             g.edge_heads = AsSpan(edge_heads);
-             g.fwd_outputs = AsSpan(fwd_outputs);
-             g.bwd_outputs = AsSpan(bwd_outputs);
-             PartitionOptions options;
-             options.policy = policy;
-             options.mark_parameter_aliases = mark_parameter_aliases;
+             const JointGraphView g =
+                 ViewOfJointGraph(bytes, op_class, flags, recompute, ac_graph_id, edge_tails,
+                                  edge_heads, fwd_outputs, bwd_outputs);
+             const PartitionOptions options{policy, mark_parameter_aliases};
              py::gil_scoped_release release;
              return std::make_unique<BudgetSolver>(g, AsSpan(recompute_cost), options);
            }),

@@ -7,6 +7,8 @@
 #include <pybind11/stl.h>
 
 #include "partition/remat_partition.h"
+#include "python/error_types.h"
+#include "python/joint_graph_arrays.h"
 #include "python/numpy_span.h"
 
 namespace py = pybind11;
@@ -16,22 +18,11 @@ namespace dcr::python {
 void BindPartition(py::module_& m) {
   // PartitionConflictError(ValueError) carries `.nodes` (graph node ids along the conflicting
   // chain) and `.reasons` (one string per node); the Python layer maps ids to FX node names.
-  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> conflict_type;
-  conflict_type.call_once_and_store_result([&m]() {
-    return py::object(
-        py::exception<PartitionConflictError>(m, "PartitionConflictError", PyExc_ValueError));
-  });
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const PartitionConflictError& e) {
-      py::object type = conflict_type.get_stored();
-      py::object err = type(e.what());
-      err.attr("nodes") = py::cast(e.nodes());
-      err.attr("reasons") = py::cast(e.reasons());
-      PyErr_SetObject(type.ptr(), err.ptr());
-    }
-  });
+  BindValueError<PartitionConflictError>(
+      m, "PartitionConflictError", [](const PartitionConflictError& e, py::object& err) {
+        err.attr("nodes") = py::cast(e.nodes());
+        err.attr("reasons") = py::cast(e.reasons());
+      });
 
   py::enum_<RematPolicy>(m, "RematPolicy")
       .value("conservative", RematPolicy::kConservative)
@@ -85,20 +76,10 @@ void BindPartition(py::module_& m) {
          const I8Array& recompute, const I64Array& ac_graph_id, const I64Array& edge_tails,
          const I64Array& edge_heads, const I64Array& fwd_outputs, const I64Array& bwd_outputs,
          RematPolicy policy, bool mark_parameter_aliases) {
-        JointGraphView g;
-        g.num_nodes = static_cast<int64_t>(bytes.size());
-        g.bytes = AsSpan(bytes);
-        g.op_class = AsSpan(op_class);
-        g.flags = AsSpan(flags);
-        g.recompute = AsSpan(recompute);
-        g.ac_graph_id = AsSpan(ac_graph_id);
-        g.edge_tails = AsSpan(edge_tails);
-        g.edge_heads = AsSpan(edge_heads);
-        g.fwd_outputs = AsSpan(fwd_outputs);
-        g.bwd_outputs = AsSpan(bwd_outputs);
-        PartitionOptions options;
-        options.policy = policy;
-        options.mark_parameter_aliases = mark_parameter_aliases;
+        const JointGraphView g =
+            ViewOfJointGraph(bytes, op_class, flags, recompute, ac_graph_id, edge_tails,
+                             edge_heads, fwd_outputs, bwd_outputs);
+        const PartitionOptions options{policy, mark_parameter_aliases};
         PartitionResult r;
         {
           py::gil_scoped_release release;

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -49,6 +50,7 @@ from typing import Optional, Sequence
 
 from deepcompile_remat.bench import partition as bench_partition
 from deepcompile_remat.bench.tables import format_table
+from deepcompile_remat.harness.workload import Workload
 
 NAME = "bench-budget"
 MODELS = ("gpt", "llama")
@@ -58,16 +60,9 @@ MB = 2**20
 GFLOP = 1e9
 
 
-@dataclass(frozen=True)
-class Sizes:
-    """One captured graph's model sizes (small by default: the command runs in about a minute
-    on a 2-core CPU)."""
-    layers: int = 4
-    hidden: int = 256
-    heads: int = 4
-    seq: int = 64
-    batch: int = 2
-    vocab: int = 256
+# One captured graph's model sizes: the harness's Workload, small (the command runs in about a
+# minute on a 2-core CPU).
+SIZES = Workload(layers=4, hidden=256, heads=4, vocab=256, seq=64, batch=2)
 
 
 @dataclass
@@ -111,7 +106,7 @@ class BudgetRow:
 class GraphResult:
     """Every budget on one captured graph, with both fractions' bases."""
     model: str
-    sizes: Sizes
+    sizes: Workload
     graph_nodes: int
     torch_solver: str
     torch_range_bytes: tuple[float, float]  # torch's fraction base: [inputs only, default]
@@ -122,7 +117,7 @@ class GraphResult:
 
 # --- capture -----------------------------------------------------------------------------------
 
-def capture_llama(sizes: Sizes) -> bench_partition.JointCapture:
+def capture_llama(sizes: Workload) -> bench_partition.JointCapture:
     """The joint graph of a transformers Llama (random weights; logits as the output), captured
     as bench_partition.capture_joint_graph captures the built-in GPT's."""
     import torch
@@ -155,7 +150,7 @@ def capture_llama(sizes: Sizes) -> bench_partition.JointCapture:
     return captured[0]
 
 
-def capture(model: str, sizes: Sizes) -> bench_partition.JointCapture:
+def capture(model: str, sizes: Workload) -> bench_partition.JointCapture:
     """The joint graph of `model` ("gpt": the built-in GPT, "llama": transformers' Llama)."""
     if model == "gpt":
         if (sizes.heads, sizes.batch, sizes.vocab) != (4, 2, 256):
@@ -353,7 +348,7 @@ def flag_rows(rows: Sequence[BudgetRow]) -> None:
 
 
 def bench_graph(model: str, cap: bench_partition.JointCapture, budgets: Sequence[float], *,
-                torch_solver: str, policy: str, sizes: Sizes) -> GraphResult:
+                torch_solver: str, policy: str, sizes: Workload) -> GraphResult:
     """Every budget on one captured graph, both partitioners (module docstring)."""
     t0 = time.perf_counter()
     meter = Meter(cap, policy)
@@ -464,9 +459,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch's activation_memory_budget_solver (default dp)")
     parser.add_argument("--policy", choices=("conservative", "aggressive"),
                         default="conservative", help="our RematConfig.policy")
-    parser.add_argument("--layers", type=int, default=Sizes.layers)
-    parser.add_argument("--hidden", type=int, default=Sizes.hidden)
-    parser.add_argument("--seq", type=int, default=Sizes.seq)
+    parser.add_argument("--layers", type=int, default=SIZES.layers)
+    parser.add_argument("--hidden", type=int, default=SIZES.hidden)
+    parser.add_argument("--seq", type=int, default=SIZES.seq)
     parser.add_argument("--out", help="directory for results.json and table.txt")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
@@ -481,7 +476,7 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise SystemExit(f"bench-budget: budgets must be fractions in [0, 1], got {bad}")
     budgets = sorted(set(args.budgets), reverse=True)
-    sizes = Sizes(layers=args.layers, hidden=args.hidden, seq=args.seq)
+    sizes = dataclasses.replace(SIZES, layers=args.layers, hidden=args.hidden, seq=args.seq)
     results = []
     for model in args.model or MODELS:
         cap = capture(model, sizes)

@@ -37,16 +37,10 @@ def _extract_params() -> frozenset:
     return frozenset(inspect.signature(_tp._extract_fwd_bwd_modules).parameters)
 
 
-def extract_fwd_bwd_modules(
-    joint_module: fx.GraphModule,
-    saved_values: list[fx.Node],
-    saved_sym_nodes: list[fx.Node],
-    saved_opaque_nodes: list[fx.Node],
-    *,
-    num_fwd_outputs: int,
-    static_lifetime_input_nodes,
-    times: Optional[dict] = None,
-) -> tuple[fx.GraphModule, fx.GraphModule]:
+def extract_fwd_bwd_modules(joint_module: fx.GraphModule, saved_values: list[fx.Node],
+                            saved_sym_nodes: list[fx.Node], saved_opaque_nodes: list[fx.Node], *,
+                            num_fwd_outputs: int, static_lifetime_input_nodes,
+                            times: Optional[dict] = None) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Builds (forward, backward) modules; mutates the saved lists to what the backward uses.
     Our extraction where it covers the graph, else torch's (module docstring). `times`, if
     given, receives 'path' ("ours" or "torch: <reason>") and ours' phase seconds."""
@@ -76,15 +70,11 @@ def extract_fwd_bwd_modules(
         num_fwd_outputs=num_fwd_outputs, static_lifetime_input_nodes=static_lifetime_input_nodes)
 
 
-def torch_extract_fwd_bwd_modules(
-    joint_module: fx.GraphModule,
-    saved_values: list[fx.Node],
-    saved_sym_nodes: list[fx.Node],
-    saved_opaque_nodes: list[fx.Node],
-    *,
-    num_fwd_outputs: int,
-    static_lifetime_input_nodes,
-) -> tuple[fx.GraphModule, fx.GraphModule]:
+def torch_extract_fwd_bwd_modules(joint_module: fx.GraphModule, saved_values: list[fx.Node],
+                                  saved_sym_nodes: list[fx.Node],
+                                  saved_opaque_nodes: list[fx.Node], *, num_fwd_outputs: int,
+                                  static_lifetime_input_nodes
+                                  ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """torch's path: its helper, RNG replay of recomputed random ops, the autograd-engine
     reordering, raised getitems and HOP RNG threading. Mutates the saved lists as above."""
     params = _extract_params()

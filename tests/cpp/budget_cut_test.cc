@@ -12,29 +12,20 @@
 #include <string>
 #include <vector>
 
+#include "joint_graph_builder.h"
+
 namespace dcr {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-struct GraphBuilder {
-  std::vector<double> bytes, cost;
-  std::vector<uint8_t> op_class;
-  std::vector<uint32_t> flags;
-  std::vector<int8_t> recompute;
-  std::vector<int64_t> ac_graph_id, tails, heads, fwd_outputs, bwd_outputs;
+struct GraphBuilder : test_support::JointGraphArrays {
+  std::vector<double> cost;
 
   int64_t Add(OpClass c, std::vector<int64_t> inputs, double size = 16, double price = 0,
               uint32_t f = 0) {
-    const int64_t v = static_cast<int64_t>(bytes.size());
-    bytes.push_back(size);
     cost.push_back(price);
-    op_class.push_back(static_cast<uint8_t>(c));
-    flags.push_back(f);
-    recompute.push_back(0);
-    ac_graph_id.push_back(-1);
-    for (int64_t u : inputs) tails.push_back(u), heads.push_back(v);
-    return v;
+    return AddNode(c, inputs, size, f);
   }
   int64_t Primal(double size = 16) { return Add(OpClass::kPlaceholder, {}, size, 0, kPrimal); }
   int64_t Parameter(double size = 16) {
@@ -42,20 +33,6 @@ struct GraphBuilder {
   }
   int64_t Tangent(double size = 16) { return Add(OpClass::kPlaceholder, {}, size, 0, kBackwardInput); }
 
-  JointGraphView View() const {
-    JointGraphView g;
-    g.num_nodes = static_cast<int64_t>(bytes.size());
-    g.bytes = bytes;
-    g.op_class = op_class;
-    g.flags = flags;
-    g.recompute = recompute;
-    g.ac_graph_id = ac_graph_id;
-    g.edge_tails = tails;
-    g.edge_heads = heads;
-    g.fwd_outputs = fwd_outputs;
-    g.bwd_outputs = bwd_outputs;
-    return g;
-  }
   BudgetSolver Solver(RematPolicy policy = RematPolicy::kConservative) const {
     PartitionOptions o;
     o.policy = policy;

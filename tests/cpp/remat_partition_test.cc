@@ -7,27 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "joint_graph_builder.h"
+
 namespace dcr {
 namespace {
 
 // Builds a JointGraphView node by node; ids follow insertion order (topological).
-struct GraphBuilder {
-  std::vector<double> bytes;
-  std::vector<uint8_t> op_class;
-  std::vector<uint32_t> flags;
-  std::vector<int8_t> recompute;
-  std::vector<int64_t> ac_graph_id, tails, heads, fwd_outputs, bwd_outputs;
-
+struct GraphBuilder : test_support::JointGraphArrays {
   int64_t Add(OpClass c, std::vector<int64_t> inputs, double size = 4096, uint32_t f = 0,
               RecomputeTag tag = RecomputeTag::kNone, int64_t ac_id = -1) {
-    const int64_t v = static_cast<int64_t>(bytes.size());
-    bytes.push_back(size);
-    op_class.push_back(static_cast<uint8_t>(c));
-    flags.push_back(f);
-    recompute.push_back(static_cast<int8_t>(tag));
-    ac_graph_id.push_back(ac_id);
-    for (int64_t u : inputs) tails.push_back(u), heads.push_back(v);
-    return v;
+    return AddNode(c, inputs, size, f, tag, ac_id);
   }
   int64_t Primal(double size = 4096) { return Add(OpClass::kPlaceholder, {}, size, kPrimal); }
   int64_t Parameter(double size = 4096) {
@@ -35,20 +24,6 @@ struct GraphBuilder {
   }
   int64_t Tangent(double size = 4096) { return Add(OpClass::kPlaceholder, {}, size, kBackwardInput); }
 
-  JointGraphView View() const {
-    JointGraphView g;
-    g.num_nodes = static_cast<int64_t>(bytes.size());
-    g.bytes = bytes;
-    g.op_class = op_class;
-    g.flags = flags;
-    g.recompute = recompute;
-    g.ac_graph_id = ac_graph_id;
-    g.edge_tails = tails;
-    g.edge_heads = heads;
-    g.fwd_outputs = fwd_outputs;
-    g.bwd_outputs = bwd_outputs;
-    return g;
-  }
   PartitionResult Solve(RematPolicy policy = RematPolicy::kConservative, bool mark = true) const {
     PartitionOptions o;
     o.policy = policy;
