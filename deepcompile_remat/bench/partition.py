@@ -372,14 +372,14 @@ def format_speed(rows: list[SpeedRow]) -> str:
 # --- the partitioner's share of a whole compile ----------------------------------------------
 
 def compile_once(name: str, kind: str, *, before: bool, tiny: bool = False) -> dict:
-    """One fresh torch.compile of SPEED_GRAPHS[name] on deepcompile_remat.backend(kind), FX
+    """One fresh torch.compile of SPEED_GRAPHS[name] on backends.backend(kind), FX
     graph and autograd caches off: milliseconds in our partitioner and in the whole compile
     (first step less a warm step), and the share."""
     import torch
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    import deepcompile_remat as dcr
+    from deepcompile_remat.backends import backend
     from deepcompile_remat.partition import partitioner
 
     fn, inputs = build_speed_model(name, tiny)
@@ -400,7 +400,7 @@ def compile_once(name: str, kind: str, *, before: bool, tiny: bool = False) -> d
         partitioner.partition_joint_graph = timed  # build_partition_fn's closure looks it up
         stack.callback(setattr, partitioner, "partition_joint_graph", real)
         torch._dynamo.reset()
-        compiled = torch.compile(fn, backend=dcr.backend(kind))
+        compiled = torch.compile(fn, backend=backend(kind))
         steps = []
         for _ in range(2):
             t0 = time.perf_counter()
