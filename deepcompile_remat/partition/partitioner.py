@@ -36,6 +36,11 @@ _PARAMETER_ALIAS = int(_C.NodeInfoBit.PARAMETER_ALIAS)
 _RECOMPUTE_REQUESTED = int(_C.NodeInfoBit.RECOMPUTE_REQUESTED)
 _PARAMETER = int(_C.NodeFlag.PARAMETER)
 
+# The passes our own DCE, CSE and extraction replaced (FX's DCE, torch's fx_graph_cse, torch's
+# extraction helper), kept selectable so that bench-partition can re-measure "before" against
+# "after" on any torch. Private and for benchmarks only: no config field, never set by the library.
+_use_torch_passes = False
+
 
 class PartitionHook(Protocol):
     """How a runtime adds graph passes around the cut without the partitioner knowing it
@@ -52,11 +57,18 @@ class PartitionHook(Protocol):
 
 def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig,
                          hooks: Sequence[PartitionHook]) -> None:
-    """DCE and CSE (FX's and torch's rules, in place: dce.py, cse.py), the hooks' joint
-    rewrites, then torch's force-save rules."""
-    dce.eliminate_dead_code(joint_module)
-    if config.cse:
-        cse.eliminate_common_subexpressions(joint_module.graph)
+    """DCE and CSE (FX's and torch's rules, in place: dce.py, cse.py; FX's and torch's own
+    passes under _use_torch_passes), the hooks' joint rewrites, then torch's force-save rules."""
+    if _use_torch_passes:
+        from torch._functorch.compile_utils import fx_graph_cse
+
+        joint_module.graph.eliminate_dead_code()
+        if config.cse:
+            joint_module.graph = fx_graph_cse(joint_module.graph)
+    else:
+        dce.eliminate_dead_code(joint_module)
+        if config.cse:
+            cse.eliminate_common_subexpressions(joint_module.graph)
     for hook in hooks:
         hook.rewrite_joint(joint_module)
     from torch._functorch import partitioners as tp
@@ -208,7 +220,9 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
     saved_tensors = [n for n in saved_nodes if n not in saved_sym and n not in saved_opaque]
     primals = [n for n in joint_module.graph.nodes if fx_export.is_primal(n)]
     static_nodes = {p for i, p in enumerate(primals) if i in set(static)}
-    fw_module, bw_module = extract.extract_fwd_bwd_modules(
+    extract_modules = (extract.torch_extract_fwd_bwd_modules if _use_torch_passes
+                       else extract.extract_fwd_bwd_modules)
+    fw_module, bw_module = extract_modules(
         joint_module, saved_tensors, saved_sym, saved_opaque, num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_nodes=static_nodes)
     parameter_names = {graph.nodes[i].name
