@@ -47,7 +47,7 @@ class PartitionReport:
     prepare_s: float  # DCE, CSE, torch's force-save rules
     export_s: float  # FX graph -> arrays
     solve_s: float  # C++: flow network + min cut
-    extract_s: float  # torch's module extraction
+    extract_s: float  # forward/backward module extraction (ours; torch's where ours declines)
     forward_ops: tuple[str, ...] = field(repr=False, default=())  # call targets, graph order
     backward_ops: tuple[str, ...] = field(repr=False, default=())
     collectives: tuple[str, ...] = ()  # "fw|bw:op:dtype:numel" per gather / reduce-scatter

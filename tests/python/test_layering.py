@@ -43,8 +43,11 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 
+NATIVE = {"_C", "_cuda"}  # extension modules: parts whether or not this checkout built them
+
+
 def _parts_on_disk(root: Path = PACKAGE) -> set[str]:
-    parts = {PACKAGE_API}
+    parts = {PACKAGE_API} | NATIVE
     for entry in root.iterdir():
         if entry.is_dir() and (entry / "__init__.py").is_file():
             parts.add(entry.name)
