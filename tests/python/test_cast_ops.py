@@ -2,17 +2,13 @@
 import importlib.util
 import json
 import math
-import os
-import socket
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from deepcompile_remat import _C, comm
 
@@ -104,51 +100,34 @@ def test_cuda_build_info_says_why():
         assert info["reason"] or info["import_error"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, world, init_file, backend, results):
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
-    try:
-        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        if backend == "nccl":
-            torch.cuda.set_device(device)
-        # Uneven true sizes, padded to the same shard length per rank: 10 -> 5, 7 -> 4 (pad 1).
-        sizes = {"a": 5, "b": 4, "c": 1}
-        for dtype in DTYPES + [None]:
-            for async_op in (False, True):
-                shards = [nasty_fp32(n, seed=100 * rank + i).to(device)
-                          for i, n in enumerate(sizes.values())]
-                got = comm.cast_and_gather(shards, dtype=dtype, group=None, async_op=async_op)
-                if async_op:
-                    got = got.wait()
-                for s, o in zip(shards, got):
-                    cast = s if dtype is None else s.to(dtype)
-                    # torch's cast, then torch's all_gather (of the bytes: gloo has no bf16)
-                    parts = [torch.empty_like(cast).view(torch.uint8) for _ in range(world)]
-                    dist.all_gather(parts, cast.view(torch.uint8))
-                    want = torch.cat(parts).view(cast.dtype)
-                    view = torch.int16 if want.element_size() == 2 else torch.int32
-                    if not torch.equal(o.view(view).cpu(), want.view(view).cpu()):
-                        raise AssertionError(f"rank {rank} dtype {dtype} async {async_op}")
-        results[rank] = "ok"
-    except Exception as e:  # reported to the parent
-        results[rank] = repr(e)
-    finally:
-        dist.destroy_process_group()
+def _cast_and_gather_matches_torch(rank, world, backend):
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    # Uneven true sizes, padded to the same shard length per rank: 10 -> 5, 7 -> 4 (pad 1).
+    sizes = {"a": 5, "b": 4, "c": 1}
+    for dtype in DTYPES + [None]:
+        for async_op in (False, True):
+            shards = [nasty_fp32(n, seed=100 * rank + i).to(device)
+                      for i, n in enumerate(sizes.values())]
+            got = comm.cast_and_gather(shards, dtype=dtype, group=None, async_op=async_op)
+            if async_op:
+                got = got.wait()
+            for s, o in zip(shards, got):
+                cast = s if dtype is None else s.to(dtype)
+                # torch's cast, then torch's all_gather (of the bytes: gloo has no bf16)
+                parts = [torch.empty_like(cast).view(torch.uint8) for _ in range(world)]
+                dist.all_gather(parts, cast.view(torch.uint8))
+                want = torch.cat(parts).view(cast.dtype)
+                view = torch.int16 if want.element_size() == 2 else torch.int32
+                assert torch.equal(o.view(view).cpu(), want.view(view).cpu()), \
+                    f"rank {rank} dtype {dtype} async {async_op}"
 
 
 def _run_world(world, backend):
-    with tempfile.TemporaryDirectory() as d:
-        manager = mp.Manager()
-        results = manager.dict()
-        mp.spawn(_worker, args=(world, os.path.join(d, "store"), backend, results),
-                 nprocs=world, join=True)
-        assert dict(results) == {r: "ok" for r in range(world)}
+    from dist_utils import run_ranks
+
+    run_ranks(_cast_and_gather_matches_torch, world, backend, backend=backend)
 
 
 @pytest.mark.slow
