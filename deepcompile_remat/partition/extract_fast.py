@@ -98,15 +98,23 @@ def _opaque_object_types() -> tuple:
     return tuple(kinds)
 
 
+def torch_layout_supported() -> bool:
+    """This torch's extraction lays out saved values the way ours reproduces (saved-value
+    descriptors, the helper's parameters, its rules): true on torch 2.13, false on 2.11, where
+    every graph takes torch's path."""
+    saved_type, _ = _descriptor_types()
+    return (saved_type is not None
+            and {"saved_opaque_nodes", "static_lifetime_input_nodes"} <= _torch_helper_params()
+            and all(hasattr(_tp, name) for name in _TORCH_RULES))
+
+
 def unsupported_reason(joint_module: fx.GraphModule, saved_values, saved_sym_nodes,
                        saved_opaque_nodes) -> Optional[str]:
     """Why this joint graph must go through torch's extraction; None where ours builds the
     same modules. Cheap: one look at the saved values and the graph's node-kind tables."""
     if saved_opaque_nodes:
         return "opaque objects are saved"
-    saved_type, _ = _descriptor_types()
-    if saved_type is None or not {"saved_opaque_nodes", "static_lifetime_input_nodes"} <= \
-            _torch_helper_params() or not all(hasattr(_tp, name) for name in _TORCH_RULES):
+    if not torch_layout_supported():
         return "this torch lays out saved values differently"
     graph = joint_module.graph
     if graph.find_nodes(op="call_module") or graph.find_nodes(op="call_method"):

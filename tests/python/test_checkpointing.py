@@ -126,7 +126,15 @@ def _dropout_p(node) -> object:
     return got.kwargs["dropout_p"]
 
 
-def assert_same_as_torch(build, run, kind, *, exact):
+# Inductor fuses our graph and torch's into different kernels (our CSE keeps checkpoint
+# regions' duplicates apart, torch's merges them): last-bit differences, in fp32 below 1e-5;
+# under bf16 autocast a different fusion rounds bf16 intermediates differently (torch 2.11:
+# up to 4e-4 on an embedding gradient), so there the tolerance is bf16's.
+FUSED_FP32_TOL = dict(rtol=1e-5, atol=1e-6)
+FUSED_BF16_TOL = dict(rtol=1.6e-2, atol=1e-3)
+
+
+def assert_same_as_torch(build, run, kind, *, exact, fused_tol=FUSED_FP32_TOL):
     """Ours against torch's partitioner: equal numerics, no parameter copy saved, no more
     saved activation bytes, no random op drawn anew in a backward. Returns our reports."""
     dcr.clear_reports()
@@ -134,7 +142,7 @@ def assert_same_as_torch(build, run, kind, *, exact):
     reports = dcr.reports()
     assert reports, "our partitioner did not run"
     ref_loss, ref_out, ref_grads, ref_graphs = compiled_step(build, run, kind, TORCH)
-    tol = dict(rtol=0, atol=0) if exact else dict(rtol=1e-5, atol=1e-6)
+    tol = dict(rtol=0, atol=0) if exact else fused_tol
     torch.testing.assert_close(loss, ref_loss, **tol)
     torch.testing.assert_close(out, ref_out, **tol)
     assert grads.keys() == ref_grads.keys()
@@ -282,7 +290,8 @@ def test_hf_activation_checkpointing_matches_torch(preset, kind, layers, reentra
             out = model(input_ids=ids, labels=ids)
         return out.loss, out.logits
 
-    assert_same_as_torch(build, run, kind, exact=kind == "eager")
+    assert_same_as_torch(build, run, kind, exact=kind == "eager",
+                         fused_tol=FUSED_BF16_TOL if autocast else FUSED_FP32_TOL)
 
 
 def test_hf_deprecated_gradient_checkpointing_enable_compiles():

@@ -210,9 +210,16 @@ def effectful_tally():
         handle.destroy()
 
 
+# On a torch whose extraction ours does not reproduce (2.11), every graph must take torch's path,
+# saying why; the numbers are then torch's own.
+OTHER_LAYOUT = "torch: this torch lays out saved values differently"
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_same_modules_and_gradients_as_torchs_extraction(case, effectful_tally):
     build, kwargs, expected_path = CASES[case]
+    if not extract_fast.torch_layout_supported():
+        expected_path = OTHER_LAYOUT
     torch.manual_seed(0)
     fn, inputs, params = build()
     out, grads, rec = _train(fn, inputs, params, **kwargs)
@@ -229,7 +236,8 @@ def test_effectful_op_runs_once(effectful_tally):
     fn, inputs, params = _effectful()
     _CALLS[0] = 0
     _, _, rec = _train(fn, inputs, params)
-    assert rec.paths == ["ours"] and _CALLS[0] == 1
+    path = "ours" if extract_fast.torch_layout_supported() else OTHER_LAYOUT
+    assert rec.paths == [path] and _CALLS[0] == 1
 
 
 # --- CSE and DCE against torch's ------------------------------------------------------------
