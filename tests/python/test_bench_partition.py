@@ -7,7 +7,11 @@ import json
 import pytest
 
 from deepcompile_remat import cli
-from deepcompile_remat.partition import partitioner
+from deepcompile_remat.partition import extract_fast, partitioner
+
+# Ours' extraction where this torch's layout allows it (2.13); on 2.11 every graph takes
+# torch's, and the row says so.
+OURS_PATH = "ours" if extract_fast.torch_layout_supported() else "torch"
 
 
 def test_end_to_end_rows_torch_before_and_ours(capsys):
@@ -26,7 +30,8 @@ def test_end_to_end_rows_torch_before_and_ours(capsys):
             assert r["vs_torch"] == 1.0
             continue
         assert r["prepare_ms"] > 0 and r["export_ms"] > 0 and r["extract_ms"] > 0
-        assert r["extract_path"] == ("torch" if r["partitioner"] == "ours before" else "ours")
+        want = "torch" if r["partitioner"] == "ours before" else OURS_PATH
+        assert r["extract_path"].startswith(want), r["extract_path"]
         if r["extract_path"] == "ours":
             assert r["build_ms"] > 0
     assert partitioner._use_torch_passes is False
@@ -38,7 +43,10 @@ def test_end_to_end_table(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:5] == ["graph", "partitioner", "nodes", "ms", "vs"]
     assert [line.split()[1] for line in lines[1:]] == ["torch", "ours", "ours"]
-    assert lines[-1].split()[-1] == "ours"
+    if OURS_PATH == "ours":
+        assert lines[-1].split()[-1] == "ours"
+    else:
+        assert "lays out saved values differently" in lines[-1]
 
 
 def test_compile_share_before_and_after(capsys):
