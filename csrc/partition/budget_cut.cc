@@ -165,7 +165,6 @@ BudgetSolver::BudgetSolver(const JointGraphView& g, Span<double> recompute_cost,
       throw std::invalid_argument("recompute_cost[" + std::to_string(v) +
                                   "] must be finite and >= 0");
   const Adjacency adj(g);
-  user_first_ = adj.user_first, users_ = adj.users;
   producer_first_ = adj.producer_first, producers_ = adj.producers;
   info_ = ClassifyRegions(g, adj);
   const std::vector<int64_t> alias_of = options.mark_parameter_aliases

@@ -175,7 +175,7 @@ class BudgetSolver {
   int64_t n_ = 0;
   std::vector<uint8_t> info_;
   std::vector<double> save_bytes_, price_;
-  std::vector<int64_t> user_first_, users_, producer_first_, producers_;
+  std::vector<int64_t> producer_first_, producers_;  // Evaluate walks producers
   remat_internal::RematNetwork net_;
   double one_forward_cost_ = 0.0;
   bool hull_done_ = false;
