@@ -405,8 +405,8 @@ BudgetDecision BudgetSolver::Choose(double budget_bytes) {
     bytes += delta;
   }
   CutPoint p = PointOf(in_s);
-  if (p.saved_bytes <= budget_bytes && p.saved_bytes >= a.saved_bytes &&
-      p.recompute_cost <= a.recompute_cost && p.saved_bytes > a.saved_bytes) {
+  if (p.saved_bytes <= budget_bytes && p.recompute_cost <= a.recompute_cost &&
+      p.saved_bytes > a.saved_bytes) {
     d.point = std::move(p);
     d.vertex = -1;
     d.edge = i;
