@@ -52,14 +52,14 @@ void BindBudget(py::module_& m) {
       .def(
           "hull",
           [](BudgetSolver& s) {
-            BudgetHull h;
+            const BudgetHull* h = nullptr;  // the solver's cached hull, not a copy
             {
               py::gil_scoped_release release;
-              h = s.Hull();
+              h = &s.Hull();
             }
             py::list vertices;
-            for (const CutPoint& p : h.vertices) vertices.append(PointTuple(p));
-            return py::make_tuple(vertices, ToNumpy(h.edge_lambda));
+            for (const CutPoint& p : h->vertices) vertices.append(PointTuple(p));
+            return py::make_tuple(vertices, ToNumpy(h->edge_lambda));
           },
           "Lower convex hull: ([(bytes, cost, saved int64[k], recomputed int64[r])...], "
           "edge_lambda float64[v-1]); bytes ascending.")
