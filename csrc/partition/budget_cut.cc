@@ -44,6 +44,7 @@ void ReduceWeights(double& alpha, double& beta) {
 // A digraph in CSR form (arcs in input order per tail).
 struct Digraph {
   std::vector<int64_t> first, head;
+  Digraph() = default;
   Digraph(int64_t n, const std::vector<int64_t>& tails, const std::vector<int64_t>& heads)
       : first(n + 1, 0), head(tails.size()) {
     for (int64_t t : tails) ++first[t + 1];
@@ -152,6 +153,13 @@ std::string FormatBytes(double x) {
 
 }  // namespace
 
+struct BudgetSolver::Solved {
+  MinCutResult cut;
+  std::vector<uint8_t> side;          // the chosen minimum cut's source side (network nodes)
+  Digraph residual;                   // sink_minimal or keep_residual: the final residual graph
+  std::vector<uint8_t> reaches_sink;  // with it: the network nodes that reach t in it
+};
+
 BudgetSolver::BudgetSolver(const JointGraphView& g, Span<double> recompute_cost,
                            const PartitionOptions& options) {
   using namespace remat_internal;
@@ -184,7 +192,8 @@ BudgetSolver::BudgetSolver(const JointGraphView& g, Span<double> recompute_cost,
   }
 }
 
-BudgetSolver::Solved BudgetSolver::Solve(double alpha, double beta, bool sink_minimal) {
+BudgetSolver::Solved BudgetSolver::Solve(double alpha, double beta, bool sink_minimal,
+                                         bool keep_residual) {
   std::vector<double> caps = net_.capacities;
   for (int64_t v = 0; v < n_; ++v) caps[v] = net_.node_cost[v] == 0.0 ? 0.0 : alpha * net_.node_cost[v];
   for (int64_t v = 0; v < n_; ++v) {
@@ -195,12 +204,12 @@ BudgetSolver::Solved BudgetSolver::Solve(double alpha, double beta, bool sink_mi
   Solved s;
   s.cut = MinStCut(net_.num_nodes, net_.tails, net_.heads, caps, net_.source, net_.sink);
   s.side = s.cut.source_side;
-  if (sink_minimal) {
-    const std::vector<uint8_t> reaches_t = Reach(Reverse(Residual(net_, caps, s.cut.arc_flow)),
-                                                 net_.sink);
-    for (int64_t x = 0; x < net_.num_nodes; ++x) s.side[x] = !reaches_t[x];
+  if (sink_minimal || keep_residual) {
+    s.residual = Residual(net_, caps, s.cut.arc_flow);
+    s.reaches_sink = Reach(Reverse(s.residual), net_.sink);
   }
-  s.caps = std::move(caps);
+  if (sink_minimal)
+    for (int64_t x = 0; x < net_.num_nodes; ++x) s.side[x] = !s.reaches_sink[x];
   return s;
 }
 
@@ -348,11 +357,10 @@ BudgetDecision BudgetSolver::Choose(double budget_bytes) {
   // Walk the minimum cuts of the edge's slope, from a's end toward b's.
   double alpha = a.recompute_cost - b.recompute_cost, beta = b.saved_bytes - a.saved_bytes;
   ReduceWeights(alpha, beta);
-  const Solved s = Solve(alpha, beta, /*sink_minimal=*/false);
-  const Digraph residual = Residual(net_, s.caps, s.cut.arc_flow);
-  const std::vector<uint8_t> reaches_t = Reach(Reverse(residual), net_.sink);
+  const Solved s = Solve(alpha, beta, /*sink_minimal=*/false, /*keep_residual=*/true);
+  const Digraph& residual = s.residual;
   std::vector<uint8_t> in_s = s.side, free(net_.num_nodes, 0);
-  for (int64_t x = 0; x < net_.num_nodes; ++x) free[x] = !in_s[x] && !reaches_t[x];
+  for (int64_t x = 0; x < net_.num_nodes; ++x) free[x] = !in_s[x] && !s.reaches_sink[x];
   std::vector<int64_t> comp;
   const int64_t num_comps = StrongComponents(residual, free, comp);
   // Components in FX order of their first node.

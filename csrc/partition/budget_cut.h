@@ -161,12 +161,10 @@ class BudgetSolver {
   double one_forward_cost() const { return one_forward_cost_; }
 
  private:
-  struct Solved {
-    MinCutResult cut;
-    std::vector<uint8_t> side;  // the chosen minimum cut's source side (network nodes)
-    std::vector<double> caps;   // the capacities solved (with cut.arc_flow: the residual graph)
-  };
-  Solved Solve(double alpha, double beta, bool sink_minimal);
+  struct Solved;  // one solve's cut (and, on request, its residual graph): budget_cut.cc
+  // Solves alpha * bytes + beta * cost; sink_minimal picks the sink-minimal minimum cut (else
+  // the source-minimal one); keep_residual also returns the final residual graph.
+  Solved Solve(double alpha, double beta, bool sink_minimal, bool keep_residual = false);
   CutPoint PointOf(const std::vector<uint8_t>& side) const;
   // Appends the hull vertices strictly between lo and hi (by value: `out` may reallocate).
   void Split(CutPoint lo, CutPoint hi, int depth, std::vector<CutPoint>& out,
