@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include "maxflow/max_flow.h"
 #include "maxflow/node_split.h"
@@ -163,7 +164,10 @@ struct BudgetSolver::Solved {
 BudgetSolver::BudgetSolver(const JointGraphView& g, Span<double> recompute_cost,
                            const PartitionOptions& options) {
   using namespace remat_internal;
-  g.Validate();
+  // Validates g first (as before); the later phases never throw on a valid graph, so the
+  // recompute_cost checks after it report the same errors they did ahead of them.
+  Prepared prepared =
+      Prepare(g, options, NetworkCosts{/*bytes_only=*/true, /*price_cost_bans=*/true});
   n_ = g.num_nodes;
   if (static_cast<int64_t>(recompute_cost.size) != n_)
     throw std::invalid_argument("recompute_cost has " + std::to_string(recompute_cost.size) +
@@ -172,15 +176,10 @@ BudgetSolver::BudgetSolver(const JointGraphView& g, Span<double> recompute_cost,
     if (!(recompute_cost[v] >= 0.0) || !std::isfinite(recompute_cost[v]))
       throw std::invalid_argument("recompute_cost[" + std::to_string(v) +
                                   "] must be finite and >= 0");
-  const Adjacency adj(g);
-  producer_first_ = adj.producer_first, producers_ = adj.producers;
-  info_ = ClassifyRegions(g, adj);
-  const std::vector<int64_t> alias_of = options.mark_parameter_aliases
-                                            ? MarkParameterAliases(g, adj)
-                                            : std::vector<int64_t>(n_, -1);
-  const std::vector<RecomputeTag> tags = ApplyCheckpointTags(g, adj, alias_of);
-  net_ = BuildRematNetwork(g, adj, tags, alias_of, options.policy,
-                           NetworkCosts{/*bytes_only=*/true, /*price_cost_bans=*/true}, info_);
+  producer_first_ = std::move(prepared.adj.producer_first);
+  producers_ = std::move(prepared.adj.producers);
+  info_ = std::move(prepared.info);
+  net_ = std::move(prepared.net);
   save_bytes_ = net_.node_cost;
   price_.assign(n_, 0.0);
   for (int64_t v = 0; v < n_; ++v) {

@@ -79,6 +79,21 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
                                const std::vector<int64_t>& alias_of, RematPolicy policy,
                                const NetworkCosts& costs, std::vector<uint8_t>& info);
 
+// What the phases before a solve leave: the graph's adjacency, the per-node info
+// (ClassifyRegions' regions plus BuildRematNetwork's marks) and the network.
+struct Prepared {
+  Adjacency adj;
+  std::vector<uint8_t> info;
+  RematNetwork net;
+};
+
+// The one setup sequence of the default cut and the budget sweep, so a phase added to one
+// reaches both: g.Validate() (its std::invalid_argument), Adjacency, ClassifyRegions,
+// MarkParameterAliases (when options.mark_parameter_aliases), ApplyCheckpointTags,
+// BuildRematNetwork(options.policy, costs).
+Prepared Prepare(const JointGraphView& g, const PartitionOptions& options,
+                 const NetworkCosts& costs);
+
 // Throws PartitionConflictError for an s-t path of +inf arcs (UnboundedCutError::path()).
 [[noreturn]] void ThrowConflict(const RematNetwork& net, const std::vector<int64_t>& path);
 

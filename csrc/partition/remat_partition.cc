@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "maxflow/max_flow.h"
 #include "maxflow/node_split.h"
@@ -249,6 +250,20 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
   return net;
 }
 
+// --- Prepare -----------------------------------------------------------------------------------
+Prepared Prepare(const JointGraphView& g, const PartitionOptions& options,
+                 const NetworkCosts& costs) {
+  g.Validate();
+  Prepared p{Adjacency(g), {}, {}};
+  p.info = ClassifyRegions(g, p.adj);
+  const std::vector<int64_t> alias_of = options.mark_parameter_aliases
+                                            ? MarkParameterAliases(g, p.adj)
+                                            : std::vector<int64_t>(g.num_nodes, -1);
+  const std::vector<RecomputeTag> tags = ApplyCheckpointTags(g, p.adj, alias_of);
+  p.net = BuildRematNetwork(g, p.adj, tags, alias_of, options.policy, costs, p.info);
+  return p;
+}
+
 // --- Solve -------------------------------------------------------------------------------------
 [[noreturn]] void ThrowConflict(const RematNetwork& net, const std::vector<int64_t>& path) {
   // Map each step of the +inf path back to graph nodes and the constraint behind its arc.
@@ -324,16 +339,10 @@ std::vector<int64_t> UsedCutNodes(const RematNetwork& net, const MinCutResult& c
 
 PartitionResult PartitionJointGraph(const JointGraphView& g, const PartitionOptions& options) {
   using namespace remat_internal;
-  g.Validate();
-  const Adjacency adj(g);
+  Prepared prepared = Prepare(g, options, NetworkCosts{});
+  const RematNetwork& net = prepared.net;
   PartitionResult result;
-  result.node_info = ClassifyRegions(g, adj);
-  const std::vector<int64_t> alias_of = options.mark_parameter_aliases
-                                            ? MarkParameterAliases(g, adj)
-                                            : std::vector<int64_t>(g.num_nodes, -1);
-  const std::vector<RecomputeTag> tags = ApplyCheckpointTags(g, adj, alias_of);
-  RematNetwork net =
-      BuildRematNetwork(g, adj, tags, alias_of, options.policy, NetworkCosts{}, result.node_info);
+  result.node_info = std::move(prepared.info);
   if (g.num_nodes == 0) return result;
   MinCutResult cut;
   try {
