@@ -20,6 +20,16 @@ void MemoryGraph::Validate() const {
                                   " entries, expected one per node (" + std::to_string(n) + ")");
     }
   }
+  ValidateEdges(num_nodes, edge_tails, edge_heads);
+  for (int64_t v = 0; v < num_nodes; ++v) {
+    if (alias_of[v] < -1 || alias_of[v] >= v) {
+      throw std::invalid_argument("alias_of[" + std::to_string(v) +
+                                  "] must be an earlier node or -1");
+    }
+  }
+}
+
+void ValidateEdges(int64_t num_nodes, Span<int64_t> edge_tails, Span<int64_t> edge_heads) {
   if (edge_tails.size != edge_heads.size) {
     throw std::invalid_argument("edge_tails and edge_heads have different lengths");
   }
@@ -27,12 +37,6 @@ void MemoryGraph::Validate() const {
     if (edge_tails[i] < 0 || edge_tails[i] >= num_nodes || edge_heads[i] < 0 ||
         edge_heads[i] >= num_nodes) {
       throw std::invalid_argument("edge " + std::to_string(i) + " has a node id out of range");
-    }
-  }
-  for (int64_t v = 0; v < num_nodes; ++v) {
-    if (alias_of[v] < -1 || alias_of[v] >= v) {
-      throw std::invalid_argument("alias_of[" + std::to_string(v) +
-                                  "] must be an earlier node or -1");
     }
   }
 }

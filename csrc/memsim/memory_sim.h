@@ -44,4 +44,10 @@ struct MemoryTimeline {
 // producers before consumers (std::invalid_argument otherwise, naming the step).
 MemoryTimeline SimulateMemory(const MemoryGraph& g, Span<int64_t> order);
 
+// Throws std::invalid_argument unless edge_tails and edge_heads have equal lengths ("edge_tails
+// and edge_heads have different lengths") and hold node ids in [0, num_nodes) ("edge i has a
+// node id out of range"). The one edge-array check of MemoryGraph::Validate and
+// BucketReduceScatters (schedule/buckets.h). O(m).
+void ValidateEdges(int64_t num_nodes, Span<int64_t> edge_tails, Span<int64_t> edge_heads);
+
 }  // namespace dcr

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "memsim/memory_sim.h"
+
 namespace dcr {
 namespace {
 
@@ -70,9 +72,7 @@ std::vector<int64_t> BucketReduceScatters(int64_t num_nodes, Span<int64_t> edge_
                                           Span<int64_t> edge_heads, Span<int64_t> candidates,
                                           Span<double> bytes, Span<int64_t> keys,
                                           double budget_bytes) {
-  if (edge_tails.size != edge_heads.size) {
-    throw std::invalid_argument("edge_tails and edge_heads have different lengths");
-  }
+  ValidateEdges(num_nodes, edge_tails, edge_heads);
   if (bytes.size != candidates.size || keys.size != candidates.size) {
     throw std::invalid_argument("candidates, bytes and keys must have the same length");
   }
@@ -80,9 +80,6 @@ std::vector<int64_t> BucketReduceScatters(int64_t num_nodes, Span<int64_t> edge_
   std::vector<int64_t> first_user(std::max<int64_t>(num_nodes, 0),
                                   std::numeric_limits<int64_t>::max());
   for (size_t i = 0; i < edge_tails.size; ++i) {
-    if (!in_range(edge_tails[i]) || !in_range(edge_heads[i])) {
-      throw std::invalid_argument("edge " + std::to_string(i) + " has a node id out of range");
-    }
     first_user[edge_tails[i]] = std::min(first_user[edge_tails[i]], edge_heads[i]);
   }
   std::vector<BucketCandidate> packed(candidates.size);
