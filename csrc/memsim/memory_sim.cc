@@ -43,6 +43,11 @@ void ValidateEdges(int64_t num_nodes, Span<int64_t> edge_tails, Span<int64_t> ed
 
 MemoryTimeline SimulateMemory(const MemoryGraph& g, Span<int64_t> order) {
   g.Validate();
+  return memsim_internal::SimulateMemoryUnchecked(g, order);
+}
+
+MemoryTimeline memsim_internal::SimulateMemoryUnchecked(const MemoryGraph& g,
+                                                        Span<int64_t> order) {
   const int64_t n = g.num_nodes;
   auto root = [&](int64_t v) {
     while (g.alias_of[v] >= 0) v = g.alias_of[v];

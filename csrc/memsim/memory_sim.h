@@ -50,4 +50,12 @@ MemoryTimeline SimulateMemory(const MemoryGraph& g, Span<int64_t> order);
 // BucketReduceScatters (schedule/buckets.h). O(m).
 void ValidateEdges(int64_t num_nodes, Span<int64_t> edge_tails, Span<int64_t> edge_heads);
 
+namespace memsim_internal {
+
+// SimulateMemory without g.Validate(), for a caller that has validated g once and simulates
+// many orders of it (ScheduleRegathers). `order` is still checked, with the same errors.
+MemoryTimeline SimulateMemoryUnchecked(const MemoryGraph& g, Span<int64_t> order);
+
+}  // namespace memsim_internal
+
 }  // namespace dcr

@@ -11,6 +11,8 @@
 namespace dcr {
 namespace {
 
+using memsim_internal::SimulateMemoryUnchecked;
+
 struct Placement {
   std::vector<int64_t> anchors;     // non-movable nodes, in input order
   std::vector<int64_t> need;        // per node: anchor index of first (transitive) use
@@ -137,7 +139,7 @@ int64_t AssignBuckets(const MemoryGraph& g, Span<int64_t> order, Span<uint8_t> i
 RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_order,
                                    Span<uint8_t> movable, Span<uint8_t> is_gather,
                                    Span<int64_t> gather_key, const ScheduleOptions& options) {
-  g.Validate();
+  g.Validate();  // once: the simulations below reuse it (SimulateMemoryUnchecked)
   const size_t n = static_cast<size_t>(g.num_nodes);
   if (movable.size != n || is_gather.size != n || gather_key.size != n) {
     throw std::invalid_argument("movable, is_gather and gather_key must have num_nodes entries");
@@ -148,15 +150,15 @@ RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_ord
       throw std::invalid_argument("is_gather[" + std::to_string(v) + "] set but movable is not");
   }
   RegatherSchedule s;
-  s.peak_bytes_input_order = SimulateMemory(g, input_order).peak_bytes;
+  s.peak_bytes_input_order = SimulateMemoryUnchecked(g, input_order).peak_bytes;
   const Placement p = Analyze(g, input_order, movable);
   std::vector<int64_t> slot_of(g.num_nodes, -1);
   s.order = BuildOrder(p, is_gather, 0, &slot_of);
-  s.peak_bytes_no_prefetch = s.peak_bytes = SimulateMemory(g, s.order).peak_bytes;
+  s.peak_bytes_no_prefetch = s.peak_bytes = SimulateMemoryUnchecked(g, s.order).peak_bytes;
   const double budget = options.budget_bytes < 0 ? s.peak_bytes_no_prefetch : options.budget_bytes;
   for (int64_t d = 1; d <= options.max_prefetch; ++d) {
     std::vector<int64_t> order = BuildOrder(p, is_gather, d, &slot_of);
-    const double peak = SimulateMemory(g, order).peak_bytes;
+    const double peak = SimulateMemoryUnchecked(g, order).peak_bytes;
     if (peak > budget) break;  // peaks only grow with d: gathers only move earlier
     s.order = std::move(order);
     s.peak_bytes = peak;
