@@ -201,7 +201,8 @@ class BudgetSweep:
         a fractional budget is a fraction of."""
         saved, _, _ = _C.partition_joint_graph(*self.graph.arrays(), _POLICY[self.policy],
                                                self.mark_parameter_aliases)
-        return float(sum(self.save_bytes[i] for i in saved))
+        save_bytes = self.save_bytes  # one copy out of C++, not one per saved node
+        return float(sum(save_bytes[i] for i in saved))
 
 
 def resolve_budget(memory_budget: float, default_saved_bytes: float) -> float:
