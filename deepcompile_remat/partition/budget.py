@@ -28,7 +28,8 @@ from deepcompile_remat.partition import fx_export
 
 aten = torch.ops.aten
 BudgetInfeasibleError = _C.BudgetInfeasibleError
-_POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPolicy.aggressive}
+# RematConfig.policy -> the C++ policy (the partitioner reads it from here too).
+POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPolicy.aggressive}
 
 
 # --- recompute cost --------------------------------------------------------------------------
@@ -151,7 +152,7 @@ class BudgetSweep:
         self.mark_parameter_aliases = mark_parameter_aliases
         cost = recompute_costs(graph) if recompute_cost is None else recompute_cost
         self.recompute_cost = np.ascontiguousarray(cost, dtype=np.float64)
-        self._solver = _C.BudgetSolver(*graph.arrays(), self.recompute_cost, _POLICY[policy],
+        self._solver = _C.BudgetSolver(*graph.arrays(), self.recompute_cost, POLICY[policy],
                                        mark_parameter_aliases)
 
     def _point(self, raw) -> BudgetPoint:
@@ -199,7 +200,7 @@ class BudgetSweep:
     def default_saved_bytes(self) -> float:
         """Saved bytes (1x, static inputs free) of the default cut under the same policy: what
         a fractional budget is a fraction of."""
-        saved, _, _ = _C.partition_joint_graph(*self.graph.arrays(), _POLICY[self.policy],
+        saved, _, _ = _C.partition_joint_graph(*self.graph.arrays(), POLICY[self.policy],
                                                self.mark_parameter_aliases)
         save_bytes = self.save_bytes  # one copy out of C++, not one per saved node
         return float(sum(save_bytes[i] for i in saved))
