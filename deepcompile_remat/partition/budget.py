@@ -188,6 +188,11 @@ class BudgetSweep:
         return self._solver.save_bytes
 
     @property
+    def recompute_price(self) -> np.ndarray:
+        """Per node: the recompute price the cut uses (inf: it may not be recomputed)."""
+        return self._solver.recompute_price
+
+    @property
     def node_info(self) -> np.ndarray:
         """Per node: dcr::NodeInfoBit flags (parameter aliases, tangent closure, ...)."""
         return self._solver.node_info
