@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 
 from deepcompile_remat import _C
-from deepcompile_remat.partition import fx_export
+from deepcompile_remat.partition import cse, dce, fx_export
 
 aten = torch.ops.aten
 BudgetInfeasibleError = _C.BudgetInfeasibleError
@@ -240,16 +240,14 @@ def trace_joint_graph(fn: Callable, args: Sequence[torch.Tensor], *,
                       parameter_indices: Sequence[int] = ()) -> fx_export.ExportedJointGraph:
     """AOTAutograd's joint graph of fn(*args), exported (fx_export) with `parameter_indices`
     as the static-lifetime parameters. Runs fn once through aot_function; the captured joint
-    is DCE'd and CSE'd as the partitioner would."""
+    is DCE'd and CSE'd as the partitioner does (dce.py, cse.py)."""
     from functorch.compile import aot_function, default_partition, make_boxed_func
 
     captured = {}
 
     def capture(joint, joint_inputs, *, num_fwd_outputs, **kw):
-        from torch._functorch.compile_utils import fx_graph_cse
-
-        joint.graph.eliminate_dead_code()
-        joint.graph = fx_graph_cse(joint.graph)
+        dce.eliminate_dead_code(joint)
+        cse.eliminate_common_subexpressions(joint.graph)
         joint.recompile()
         captured["graph"] = fx_export.export_joint_graph(
             joint, num_fwd_outputs=num_fwd_outputs,
