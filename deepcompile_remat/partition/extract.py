@@ -18,23 +18,15 @@ random op runs in both graphs without it.
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 from typing import Optional
 
-import torch
 import torch.fx as fx
 from torch._functorch import partitioners as _tp
 
 from deepcompile_remat.partition import extract_fast, op_classes
 
 log = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=1)
-def _extract_params() -> frozenset:
-    return frozenset(inspect.signature(_tp._extract_fwd_bwd_modules).parameters)
 
 
 def extract_fwd_bwd_modules(joint_module: fx.GraphModule, saved_values: list[fx.Node],
@@ -77,7 +69,7 @@ def torch_extract_fwd_bwd_modules(joint_module: fx.GraphModule, saved_values: li
                                   ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """torch's path: its helper, RNG replay of recomputed random ops, the autograd-engine
     reordering, raised getitems and HOP RNG threading. Mutates the saved lists as above."""
-    params = _extract_params()
+    params = extract_fast.torch_helper_params()
     kwargs = {"num_fwd_outputs": num_fwd_outputs}
     if "static_lifetime_input_nodes" in params:
         kwargs["static_lifetime_input_nodes"] = static_lifetime_input_nodes

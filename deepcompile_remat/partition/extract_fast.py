@@ -78,7 +78,9 @@ def _descriptor_types():
 
 
 @functools.lru_cache(maxsize=1)
-def _torch_helper_params() -> frozenset:
+def torch_helper_params() -> frozenset:
+    """The parameter names of this torch's ``_extract_fwd_bwd_modules`` (they differ across
+    releases: callers bind by keyword)."""
     return frozenset(inspect.signature(_tp._extract_fwd_bwd_modules).parameters)
 
 
@@ -104,7 +106,7 @@ def torch_layout_supported() -> bool:
     every graph takes torch's path."""
     saved_type, _ = _descriptor_types()
     return (saved_type is not None
-            and {"saved_opaque_nodes", "static_lifetime_input_nodes"} <= _torch_helper_params()
+            and {"saved_opaque_nodes", "static_lifetime_input_nodes"} <= torch_helper_params()
             and all(hasattr(_tp, name) for name in _TORCH_RULES))
 
 
