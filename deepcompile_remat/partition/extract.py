@@ -113,18 +113,12 @@ def can_replay_rng() -> bool:
     return hasattr(_tp, "functionalize_rng_ops")
 
 
-def is_seeded_random(node: fx.Node) -> bool:
-    """A random op whose draw is a function of the RNG state (Tag.nondeterministic_seeded)
-    and that draws in this call (op_classes.draws_randomness): replayable from a saved
-    state."""
-    return op_classes.draws_randomness(node)
-
-
 def recomputed_random_ops(fw: fx.GraphModule, bw: fx.GraphModule) -> list[str]:
     """Seeded random ops present in both graphs: computed in the forward and again in the
     backward."""
-    in_fw = {n.name for n in fw.graph.nodes if is_seeded_random(n)}
-    return [n.name for n in bw.graph.nodes if is_seeded_random(n) and n.name in in_fw]
+    in_fw = {n.name for n in fw.graph.nodes if op_classes.draws_randomness(n)}
+    return [n.name for n in bw.graph.nodes
+            if op_classes.draws_randomness(n) and n.name in in_fw]
 
 
 def check_no_random_op_redrawn(fw: fx.GraphModule, bw: fx.GraphModule) -> None:
