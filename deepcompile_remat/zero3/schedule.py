@@ -9,7 +9,6 @@ the same graph, so collectives line up.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -55,10 +54,6 @@ class ScheduleFigures:
     async_prefetched: int = 0                   # gathers split into start/wait
     max_in_flight: int = 0                      # most gathers outstanding at once
     reduce_scatter_buckets: int = 0             # bucketed gradient reduce-scatters (bw only)
-
-    def replace(self, **changes) -> "ScheduleFigures":
-        """A copy with `changes` applied."""
-        return dataclasses.replace(self, **changes)
 
 
 def _is_reshape_or_cast(node: fx.Node) -> bool:
