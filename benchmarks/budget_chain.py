@@ -34,10 +34,11 @@ import time
 import numpy as np
 import torch
 
+from deepcompile_remat import _C
 from deepcompile_remat.partition import budget
 from deepcompile_remat.partition.op_classes import OpClass
 
-_TANGENT_CLOSURE = 1 << 1  # dcr::NodeInfoBit
+_TANGENT_CLOSURE = int(_C.NodeInfoBit.TANGENT_CLOSURE)
 BATCH, WIDTH = 4, 8
 
 
@@ -63,7 +64,7 @@ def backward_peak(graph, sweep: budget.BudgetSweep, point: budget.BudgetPoint) -
     producers = [[] for _ in range(n)]
     for t, h in zip(graph.edge_tails, graph.edge_heads):
         producers[h].append(int(t))
-    is_view = graph.op_class == OpClass.VIEW
+    is_view = graph.op_class == int(OpClass.VIEW)  # a uint8 array: compare with the int
     root = list(range(n))
     for v in range(n):  # views share their base's storage
         if is_view[v] and producers[v]:
@@ -120,7 +121,7 @@ def study(n: int) -> dict:
     act = BATCH * WIDTH * 4
     hull = sweep.hull()
     one_forward = sweep.one_forward_cost
-    default = sweep.choose(hull[-1].saved_bytes).point
+    default = hull[-1]  # the high end: what choose() gives at or above its bytes
     best = None
     for b in np.arange(hull[0].saved_bytes, hull[-1].saved_bytes + act, act):
         d = sweep.choose(b)

@@ -185,8 +185,11 @@ def backend(kind: Optional[str] = None, config: Optional[RematConfig] = None, *,
         if config.backend is not None and kind != config.backend:
             raise ValueError(f"backend kind {kind!r} contradicts the config's backend "
                              f"{config.backend!r}; pass one of them, or the same kind")
-        config = dataclasses.replace(config, backend=kind)  # the config's validator checks it
-    kind = config.backend_kind
+        # The config's validator checks the kind; the config itself goes on unchanged, so the
+        # partitioner's cache key (RematPartitioner.uuid) is the same with or without `kind`.
+        kind = dataclasses.replace(config, backend=kind).backend_kind
+    else:
+        kind = config.backend_kind
     if on_partition is not None and not callable(on_partition):
         raise TypeError("on_partition must be callable")
     fn = (_eager_backend if kind == "eager" else _inductor_backend)(config, on_partition)

@@ -144,6 +144,12 @@ def _optional_of(hint):
     return None
 
 
+def _check_min(f: dataclasses.Field, name: str, value) -> None:
+    """The field's metadata "min", if it has one, bounds `value` from below."""
+    if value < f.metadata.get("min", -math.inf):
+        raise ValueError(f"{name} must be >= {f.metadata['min']}, got {value!r}")
+
+
 def _checked(f: dataclasses.Field, hint, value):
     """value, validated against the field's type (and its metadata's "min"); normalised where
     JSON cannot say it (a list of indices becomes a tuple). The one validator of every field:
@@ -167,16 +173,14 @@ def _checked(f: dataclasses.Field, hint, value):
     if hint is int:
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{name} must be an integer, got {value!r}")
-        if value < f.metadata.get("min", -math.inf):
-            raise ValueError(f"{name} must be >= {f.metadata['min']}, got {value!r}")
+        _check_min(f, name, value)
         return value
     if hint is float:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ValueError(f"{name} must be a number, got {value!r}")
         if not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
-        if value < f.metadata.get("min", -math.inf):
-            raise ValueError(f"{name} must be >= {f.metadata['min']}, got {value!r}")
+        _check_min(f, name, value)
         return float(value)
     if typing.get_origin(hint) is tuple and typing.get_args(hint) == (int, ...):
         if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):

@@ -13,7 +13,7 @@ export_joint_graph takes it as a function of the node.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple, Optional
 
 import numpy as np
 import torch.fx as fx
@@ -24,14 +24,12 @@ from deepcompile_remat.fx_values import is_alias, value_bytes
 
 @dataclass(frozen=True, slots=True)
 class GraphArrays:
-    """A graph's nodes (id -> node) and its data edges (producer -> consumer ids)."""
+    """A graph's nodes (id -> node), node -> id, and its data edges (producer -> consumer
+    ids)."""
     nodes: list
+    ids: dict               # node -> id, built once with the nodes
     edge_tails: np.ndarray  # int64
     edge_heads: np.ndarray  # int64
-
-    def ids(self) -> dict:
-        """node -> id."""
-        return {n: i for i, n in enumerate(self.nodes)}
 
 
 def graph_arrays(gm: fx.GraphModule) -> GraphArrays:
@@ -44,7 +42,8 @@ def graph_arrays(gm: fx.GraphModule) -> GraphArrays:
         for producer in dict.fromkeys(node.all_input_nodes):
             tails.append(ids[producer])
             heads.append(i)
-    return GraphArrays(nodes, np.asarray(tails, dtype=np.int64), np.asarray(heads, dtype=np.int64))
+    return GraphArrays(nodes, ids, np.asarray(tails, dtype=np.int64),
+                       np.asarray(heads, dtype=np.int64))
 
 
 class MemoryArrays(NamedTuple):
@@ -59,12 +58,14 @@ class MemoryArrays(NamedTuple):
     edge_heads: np.ndarray  # int64
 
 
-def memory_arrays(gm: fx.GraphModule, persistent_names: Iterable[str] = ()) -> MemoryArrays:
+def memory_arrays(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,
+                  graph: Optional[GraphArrays] = None) -> MemoryArrays:
     """`gm` as memsim arrays; inputs named in persistent_names (parameter shards: the module
-    holds them) are never freed."""
+    holds them) are never freed. graph: graph_arrays(gm), if the caller already built it (for
+    its ids)."""
     persistent_names = set(persistent_names)
-    graph = graph_arrays(gm)
-    ids = graph.ids()
+    graph = graph_arrays(gm) if graph is None else graph
+    ids = graph.ids
     n = len(graph.nodes)
     nbytes = np.zeros(n)
     alias_of = np.full(n, -1, dtype=np.int64)
@@ -136,7 +137,7 @@ def export_joint_graph(gm: fx.GraphModule, num_fwd_outputs: int,
                        describe: Callable[[fx.Node], NodeFacts]) -> ExportedJointGraph:
     """The joint graph's arrays; describe(node) is called once per node, in id order."""
     graph = graph_arrays(gm)
-    ids = graph.ids()
+    ids = graph.ids
     n = len(graph.nodes)
     nbytes = np.zeros(n, dtype=np.float64)
     op_class = np.zeros(n, dtype=np.uint8)

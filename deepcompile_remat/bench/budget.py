@@ -184,8 +184,7 @@ class Meter:
             joint, num_fwd_outputs=cap.num_fwd_outputs, static_lifetime_input_indices=static,
             parameter_indices=static)
         sweep = budget.BudgetSweep(graph, policy=policy)
-        # BudgetSweep has no public per-node price yet; the solver's is the one the cut uses.
-        price = sweep._solver.recompute_price
+        price = sweep.recompute_price  # the per-node price the cut uses
         self.price = {n.name: float(p) for n, p in zip(graph.nodes, price)}
         self.num_fwd_outputs = cap.num_fwd_outputs
         primals = [n.name for n in cap.joint.graph.nodes if fx_export.is_primal(n)]

@@ -23,7 +23,7 @@ form (cast_and_gather_packed: a bucket, dcr::allgather_cast_bucket, in one colle
                 benchmarks/bench_allgather_cast.py --cpu);
     gather      the process group's own collective, in place, NCCL coalesced into one group.
 
-async_op=True returns an GatherHandle; its wait() returns the outputs (on CUDA it makes the
+async_op=True returns a GatherHandle; its wait() returns the outputs (on CUDA it makes the
 current stream wait, the host does not). Otherwise the outputs are returned, ready to use in
 stream order.
 """
@@ -149,7 +149,7 @@ def cast_and_gather_packed(shards: Sequence[torch.Tensor], dtype: Optional[torch
 
 def cast_and_gather(shards: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]] = None,
                    dtype: Optional[torch.dtype] = None, group=None, async_op: bool = False):
-    """See the module docstring. Returns the list of outputs, or an GatherHandle."""
+    """See the module docstring. Returns the list of outputs, or a GatherHandle."""
     world, rank = _world_and_rank(group)
     outputs, dtype = _check_and_allocate(shards, outputs, dtype, world)
     device = shards[0].device

@@ -95,15 +95,17 @@ def load(ds_config: Union[str, os.PathLike, Mapping[str, Any]]) -> tuple:
     return dict(data), where
 
 
-def parse_block(block: Any, *, where: str = BLOCK) -> RematConfig:
-    """The block's RematConfig; absent (None): the product off (RematConfig.disabled())."""
+def parse_block(ds_config: Mapping[str, Any], where: str) -> RematConfig:
+    """The RematConfig of ds_config's block (errors name `where`, the config's source, and
+    the block); absent: the product off (RematConfig.disabled())."""
+    block = ds_config.get(BLOCK)
     if block is None:
         return RematConfig.disabled()
-    return RematConfig.from_dict(block, where=where)
+    return RematConfig.from_dict(block, where=f"{where}: {BLOCK}")
 
 
 def config_from_deepspeed(ds_config: Union[str, os.PathLike, Mapping[str, Any]]) -> RematConfig:
     """The block's RematConfig, for torch.compile(model, backend=backend(config=config)).
     Validated whole even when disabled: a typo must not wait for the day it is switched on."""
     ds_config, where = load(ds_config)
-    return parse_block(ds_config.get(BLOCK), where=f"{where}: {BLOCK}")
+    return parse_block(ds_config, where)

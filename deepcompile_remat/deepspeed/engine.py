@@ -161,7 +161,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if value is None:  # deepspeed's own error
         return stock(**kwargs)
     cfg, where = load(value)
-    remat = parse_block(cfg.get(BLOCK), where=f"{where}: {BLOCK}")
+    remat = parse_block(cfg, where)
     # This rank's own checks first: a rank that fails here exits, and the launcher ends the rest.
     deepcompile_on = remat.enabled and _check_enabled_config(cfg, where)
     if deepcompile_on:

@@ -120,11 +120,12 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
     return hook
 
 
-def _engine_compile(takeover: Takeover, remat: RematConfig, compile_forward):
+def _engine_compile(takeover: Takeover, compile_forward):
     """engine.compile on a taken-over engine (what Trainer/Accelerate call for torch_compile):
     the module is compiled already, with our backend. A request for another backend is
-    honoured when the block leaves "backend" unset (remat.backend is None) and ours has that
-    kind; otherwise it is refused with a warning that says which backend runs and why."""
+    honoured when the block leaves "backend" unset (takeover.remat.backend is None) and ours
+    has that kind; otherwise it is refused with a warning that says which backend runs and
+    why."""
 
     def compile(backend=None, compile_kwargs=None, **_ignored):  # noqa: A001
         from deepcompile_remat.deepspeed.engine import requested_kind
@@ -133,11 +134,11 @@ def _engine_compile(takeover: Takeover, remat: RematConfig, compile_forward):
         if kind == takeover.kind:
             log.info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
                      "with deepcompile_remat's %s backend already", backend, kind)
-        elif remat.backend is not None:
+        elif takeover.remat.backend is not None:
             log.warning("deepcompile_remat: engine.compile(backend=%r) not honoured: the "
                         "\"deepcompile_remat\" block sets \"backend\": %r, which compiles the "
                         "module (remove it from the block to let engine.compile choose)",
-                        backend, remat.backend)
+                        backend, takeover.remat.backend)
         elif kind is None:
             log.warning("deepcompile_remat: engine.compile(backend=%r) not honoured: "
                         "deepcompile_remat compiles the module with its own partitioner, on "
@@ -204,7 +205,7 @@ def take_over(engine, remat: RematConfig) -> Takeover:
         takeover.kind = kind
 
     compile_forward(remat.backend_kind)
-    engine.compile = _engine_compile(takeover, remat, compile_forward)
+    engine.compile = _engine_compile(takeover, compile_forward)
     log.info("deepcompile_remat: took over %d DeepSpeed ZeRO-3 parameters (backend %s); "
              "released %.1f MB of DeepSpeed's unused gradient reduce buckets",
              len(takeover.leaves), takeover.kind, released / 2**20)

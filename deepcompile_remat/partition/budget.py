@@ -24,11 +24,12 @@ import torch
 import torch.fx as fx
 
 from deepcompile_remat import _C
-from deepcompile_remat.partition import fx_export
+from deepcompile_remat.partition import cse, dce, fx_export
 
 aten = torch.ops.aten
 BudgetInfeasibleError = _C.BudgetInfeasibleError
-_POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPolicy.aggressive}
+# RematConfig.policy -> the C++ policy (the partitioner reads it from here too).
+POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPolicy.aggressive}
 
 
 # --- recompute cost --------------------------------------------------------------------------
@@ -151,7 +152,7 @@ class BudgetSweep:
         self.mark_parameter_aliases = mark_parameter_aliases
         cost = recompute_costs(graph) if recompute_cost is None else recompute_cost
         self.recompute_cost = np.ascontiguousarray(cost, dtype=np.float64)
-        self._solver = _C.BudgetSolver(*graph.arrays(), self.recompute_cost, _POLICY[policy],
+        self._solver = _C.BudgetSolver(*graph.arrays(), self.recompute_cost, POLICY[policy],
                                        mark_parameter_aliases)
 
     def _point(self, raw) -> BudgetPoint:
@@ -187,6 +188,11 @@ class BudgetSweep:
         return self._solver.save_bytes
 
     @property
+    def recompute_price(self) -> np.ndarray:
+        """Per node: the recompute price the cut uses (inf: it may not be recomputed)."""
+        return self._solver.recompute_price
+
+    @property
     def node_info(self) -> np.ndarray:
         """Per node: dcr::NodeInfoBit flags (parameter aliases, tangent closure, ...)."""
         return self._solver.node_info
@@ -199,9 +205,10 @@ class BudgetSweep:
     def default_saved_bytes(self) -> float:
         """Saved bytes (1x, static inputs free) of the default cut under the same policy: what
         a fractional budget is a fraction of."""
-        saved, _, _ = _C.partition_joint_graph(*self.graph.arrays(), _POLICY[self.policy],
+        saved, _, _ = _C.partition_joint_graph(*self.graph.arrays(), POLICY[self.policy],
                                                self.mark_parameter_aliases)
-        return float(sum(self.save_bytes[i] for i in saved))
+        save_bytes = self.save_bytes  # one copy out of C++, not one per saved node
+        return float(sum(save_bytes[i] for i in saved))
 
 
 def resolve_budget(memory_budget: float, default_saved_bytes: float) -> float:
@@ -233,16 +240,14 @@ def trace_joint_graph(fn: Callable, args: Sequence[torch.Tensor], *,
                       parameter_indices: Sequence[int] = ()) -> fx_export.ExportedJointGraph:
     """AOTAutograd's joint graph of fn(*args), exported (fx_export) with `parameter_indices`
     as the static-lifetime parameters. Runs fn once through aot_function; the captured joint
-    is DCE'd and CSE'd as the partitioner would."""
+    is DCE'd and CSE'd as the partitioner does (dce.py, cse.py)."""
     from functorch.compile import aot_function, default_partition, make_boxed_func
 
     captured = {}
 
     def capture(joint, joint_inputs, *, num_fwd_outputs, **kw):
-        from torch._functorch.compile_utils import fx_graph_cse
-
-        joint.graph.eliminate_dead_code()
-        joint.graph = fx_graph_cse(joint.graph)
+        dce.eliminate_dead_code(joint)
+        cse.eliminate_common_subexpressions(joint.graph)
         joint.recompile()
         captured["graph"] = fx_export.export_joint_graph(
             joint, num_fwd_outputs=num_fwd_outputs,

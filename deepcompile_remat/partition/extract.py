@@ -18,23 +18,15 @@ random op runs in both graphs without it.
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 from typing import Optional
 
-import torch
 import torch.fx as fx
 from torch._functorch import partitioners as _tp
 
 from deepcompile_remat.partition import extract_fast, op_classes
 
 log = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=1)
-def _extract_params() -> frozenset:
-    return frozenset(inspect.signature(_tp._extract_fwd_bwd_modules).parameters)
 
 
 def extract_fwd_bwd_modules(joint_module: fx.GraphModule, saved_values: list[fx.Node],
@@ -77,7 +69,7 @@ def torch_extract_fwd_bwd_modules(joint_module: fx.GraphModule, saved_values: li
                                   ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """torch's path: its helper, RNG replay of recomputed random ops, the autograd-engine
     reordering, raised getitems and HOP RNG threading. Mutates the saved lists as above."""
-    params = _extract_params()
+    params = extract_fast.torch_helper_params()
     kwargs = {"num_fwd_outputs": num_fwd_outputs}
     if "static_lifetime_input_nodes" in params:
         kwargs["static_lifetime_input_nodes"] = static_lifetime_input_nodes
@@ -121,18 +113,12 @@ def can_replay_rng() -> bool:
     return hasattr(_tp, "functionalize_rng_ops")
 
 
-def is_seeded_random(node: fx.Node) -> bool:
-    """A random op whose draw is a function of the RNG state (Tag.nondeterministic_seeded)
-    and that draws in this call (op_classes.draws_randomness): replayable from a saved
-    state."""
-    return op_classes.draws_randomness(node)
-
-
 def recomputed_random_ops(fw: fx.GraphModule, bw: fx.GraphModule) -> list[str]:
     """Seeded random ops present in both graphs: computed in the forward and again in the
     backward."""
-    in_fw = {n.name for n in fw.graph.nodes if is_seeded_random(n)}
-    return [n.name for n in bw.graph.nodes if is_seeded_random(n) and n.name in in_fw]
+    in_fw = {n.name for n in fw.graph.nodes if op_classes.draws_randomness(n)}
+    return [n.name for n in bw.graph.nodes
+            if op_classes.draws_randomness(n) and n.name in in_fw]
 
 
 def check_no_random_op_redrawn(fw: fx.GraphModule, bw: fx.GraphModule) -> None:

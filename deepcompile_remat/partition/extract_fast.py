@@ -78,7 +78,9 @@ def _descriptor_types():
 
 
 @functools.lru_cache(maxsize=1)
-def _torch_helper_params() -> frozenset:
+def torch_helper_params() -> frozenset:
+    """The parameter names of this torch's ``_extract_fwd_bwd_modules`` (they differ across
+    releases: callers bind by keyword)."""
     return frozenset(inspect.signature(_tp._extract_fwd_bwd_modules).parameters)
 
 
@@ -104,7 +106,7 @@ def torch_layout_supported() -> bool:
     every graph takes torch's path."""
     saved_type, _ = _descriptor_types()
     return (saved_type is not None
-            and {"saved_opaque_nodes", "static_lifetime_input_nodes"} <= _torch_helper_params()
+            and {"saved_opaque_nodes", "static_lifetime_input_nodes"} <= torch_helper_params()
             and all(hasattr(_tp, name) for name in _TORCH_RULES))
 
 
@@ -359,12 +361,6 @@ def _unused_by(kept: set, outputs: set, inputs: list) -> set:
     return unused
 
 
-def _seeded_random(n: fx.Node) -> bool:
-    """A random op that draws in this call (op_classes.draws_randomness: SDPA without dropout
-    does not)."""
-    return op_classes.draws_randomness(n)
-
-
 def extract_modules(joint_module: fx.GraphModule, saved_values: list, saved_sym_nodes: list,
                     *, num_fwd_outputs: int,
                     times: Optional[dict] = None) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -393,7 +389,7 @@ def extract_modules(joint_module: fx.GraphModule, saved_values: list, saved_sym_
     fw_inputs = [*joint.primals, *joint.fwd_seeds]
     fw_outputs = [*joint.fwd_outputs, *values, *syms]
     kept_fw = joint.subgraph(fw_inputs, fw_outputs, FORWARD)
-    redrawn = [n.name for n in kept_bw if n in kept_fw and _seeded_random(n)]
+    redrawn = [n.name for n in kept_bw if n in kept_fw and op_classes.draws_randomness(n)]
     if redrawn:
         raise Unsupported(f"random ops {redrawn} run in both graphs: their RNG state must be "
                           "replayed (functionalize_rng_ops)")

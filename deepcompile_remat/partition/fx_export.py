@@ -16,7 +16,7 @@ from deepcompile_remat import _C, fx_arrays
 from deepcompile_remat.fx_arrays import ExportedJointGraph, NodeFacts
 from deepcompile_remat.fx_values import value_bytes
 from deepcompile_remat.partition import extract
-from deepcompile_remat.partition.op_classes import OpClass, classify
+from deepcompile_remat.partition.op_classes import OpClass, classify, draws_randomness
 
 NodeFlag = _C.NodeFlag
 _TAGS = {  # CheckpointPolicy -> the C++ tag
@@ -105,7 +105,7 @@ def export_joint_graph(
         nonlocal primal_index
         op_class = classify(node)
         f = 0
-        if replay and op_class == OpClass.RANDOM and extract.is_seeded_random(node):
+        if replay and op_class == OpClass.RANDOM and draws_randomness(node):
             f |= NodeFlag.RNG_REPLAYABLE
         if is_primal(node):
             f |= NodeFlag.PRIMAL

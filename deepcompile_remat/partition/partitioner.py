@@ -31,7 +31,6 @@ from deepcompile_remat.partition import budget, cse, dce, extract, fx_export, re
 PartitionConflictError = _C.PartitionConflictError
 log = logging.getLogger(__name__)
 
-_POLICY = {"conservative": _C.RematPolicy.conservative, "aggressive": _C.RematPolicy.aggressive}
 _PARAMETER_ALIAS = int(_C.NodeInfoBit.PARAMETER_ALIAS)
 _RECOMPUTE_REQUESTED = int(_C.NodeInfoBit.RECOMPUTE_REQUESTED)
 _PARAMETER = int(_C.NodeFlag.PARAMETER)
@@ -182,7 +181,7 @@ def _decide(graph, config: RematConfig):
     try:
         if config.memory_budget is None:
             saved_ids, _, node_info = _C.partition_joint_graph(
-                *graph.arrays(), _POLICY[config.policy], config.mark_parameter_aliases)
+                *graph.arrays(), budget.POLICY[config.policy], config.mark_parameter_aliases)
             return saved_ids, node_info, None
         saved_ids, node_info, decision, default_bytes = budget.decide(
             graph, memory_budget=config.memory_budget, policy=config.policy,

@@ -32,7 +32,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from deepcompile_remat import comm
 from deepcompile_remat.comm.collectives import backend_name
+
 
 class CommStats:
     """Bytes this process sent and received through the ops (for the measurements)."""
@@ -62,8 +64,6 @@ def _gather_into(shards, outputs, dtype, group, async_op: bool = False):
     (fill_slots + gather_slots) that the packed form of the buckets
     (cast_and_gather_packed, dcr::allgather_cast_bucket) shares; the same on CPU, CUDA, NCCL,
     gloo and torch's fake process group of emulated worlds. Returns the handle when async_op."""
-    from deepcompile_remat import comm
-
     return comm.cast_and_gather(list(shards), list(outputs), dtype=dtype, group=group,
                                   async_op=async_op)
 
@@ -203,8 +203,6 @@ def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_nam
     """One collective for a bucket of small parameters: every shard is cast into this rank's
     slot of one buffer, the buffer is gathered once, and each full parameter is copied out.
     Used by the schedule (zero3/schedule.py) inside already-differentiated graphs: no autograd."""
-    from deepcompile_remat import comm
-
     _check_bucket(shards)
     sizes = [s.numel() for s in shards]
     group = resolve_group(group_name) if dist.is_initialized() else None

@@ -40,7 +40,7 @@ def _reduce_scatter_key(node: fx.Node) -> tuple:
 def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
     """Rewrites `gm` in place; returns how many bucket collectives replaced >= 2 others."""
     graph = graph_arrays(gm)
-    ids = graph.ids()
+    ids = graph.ids
     candidates = [n for n in graph.nodes if _is_reduce_scatter(n)
                   and isinstance(n.args[0].meta.get("val"), torch.Tensor)]
     if not candidates:

@@ -11,6 +11,8 @@ on a graph without our ops. The partitioner itself knows nothing of ZeRO-3.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.fx as fx
 
@@ -51,6 +53,7 @@ class Zero3Hooks:
             for tag, module in (("fw", fw), ("bw", bw)):
                 figures[tag] = schedule_gathers(module, self.schedule_options, graph=tag,
                                                 persistent_names=parameter_names)
-        figures["bw"] = figures["bw"].replace(
+        figures["bw"] = dataclasses.replace(
+            figures["bw"],
             reduce_scatter_buckets=bucket_reduce_scatters(bw, self.schedule_options.bucket_bytes))
         return tuple(figures.values())

@@ -9,7 +9,6 @@ the same graph, so collectives line up.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -19,7 +18,7 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.config import AsyncGathers, RematConfig
-from deepcompile_remat.fx_arrays import compatibility_keys, memory_arrays
+from deepcompile_remat.fx_arrays import compatibility_keys, graph_arrays, memory_arrays
 from deepcompile_remat.fx_values import is_alias
 from deepcompile_remat.zero3.bucketing import members_by_bucket, replace_with_bucket
 from deepcompile_remat.zero3.passes import gather_dtype, is_allgather_cast
@@ -56,10 +55,6 @@ class ScheduleFigures:
     max_in_flight: int = 0                      # most gathers outstanding at once
     reduce_scatter_buckets: int = 0             # bucketed gradient reduce-scatters (bw only)
 
-    def replace(self, **changes) -> "ScheduleFigures":
-        """A copy with `changes` applied."""
-        return dataclasses.replace(self, **changes)
-
 
 def _is_reshape_or_cast(node: fx.Node) -> bool:
     if is_alias(node):
@@ -72,9 +67,9 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
                      persistent_names: Iterable[str] = ()) -> ScheduleFigures:
     """Reorders and buckets `gm` in place as the C++ schedule decides; returns its figures.
     graph: the figures' tag ("fw" / "bw"); persistent_names: inputs that live anyway."""
-    arrays = memory_arrays(gm, persistent_names)
-    nodes = arrays.nodes
-    ids = {n: i for i, n in enumerate(nodes)}
+    exported = graph_arrays(gm)  # shared with memory_arrays: one node -> id map
+    arrays = memory_arrays(gm, persistent_names, graph=exported)
+    nodes, ids = exported.nodes, exported.ids
     movable = np.zeros(len(nodes), dtype=np.uint8)
     is_gather = np.zeros(len(nodes), dtype=np.uint8)
     for i, node in enumerate(nodes):

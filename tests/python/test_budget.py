@@ -8,9 +8,10 @@ import pytest
 import torch
 from functorch.compile import aot_function, make_boxed_func
 
+from deepcompile_remat import _C
 from deepcompile_remat.partition import budget
 
-_PARAMETER_ALIAS = 1 << 5  # dcr::NodeInfoBit
+_PARAMETER_ALIAS = int(_C.NodeInfoBit.PARAMETER_ALIAS)
 
 
 def mlp(x, w1, w2, w3):
