@@ -170,14 +170,10 @@ class Meter:
 
     def _aliases_static_input(self, node) -> bool:
         """node is a static input, or a view / getitem chain over one: saving it costs nothing."""
-        import operator
+        from deepcompile_remat.fx_values import storage_root
 
-        import torch
-
-        while node.op == "call_function" and (node.target is operator.getitem or (
-                isinstance(node.target, torch._ops.OpOverload) and node.target.is_view)):
-            node = node.args[0]
-        return node.op == "placeholder" and node.name in self.static_names
+        root = storage_root(node)
+        return root.op == "placeholder" and root.name in self.static_names
 
     def measure(self, fw, bw) -> Measured:
         """Saved bytes and recompute cost of one (forward, backward) pair."""
