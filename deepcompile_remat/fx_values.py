@@ -1,5 +1,6 @@
 """Facts about FX nodes that the partitioner and the ZeRO-3 passes both need, in one neutral
-place: what a value costs in bytes, and whether a node only aliases (views) its input.
+place: what a value costs in bytes, and whether a node only aliases (views) its input
+(and which node's storage it shares).
 
 Symbolic sizes are costed by their hints (fallback 4096 elements, as torch's partitioner does)
 in a single process. Under a process group of several ranks they are costed rank-independently
@@ -89,3 +90,11 @@ def is_view(node: fx.Node) -> bool:
 def is_alias(node: fx.Node) -> bool:
     """A view, or a getitem (an element of a tuple output): no storage of its own."""
     return node.op == "call_function" and (node.target is operator.getitem or is_view(node))
+
+
+def storage_root(node: fx.Node) -> fx.Node:
+    """The node whose storage `node` shares: up through aliases (is_alias: views and getitems)
+    while each one's first argument is a node; `node` itself when it has storage of its own."""
+    while is_alias(node) and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node

@@ -120,34 +120,10 @@ class GraphResult:
 def capture_llama(sizes: Workload) -> bench_partition.JointCapture:
     """The joint graph of a transformers Llama (random weights; logits as the output), captured
     as bench_partition.capture_joint_graph captures the built-in GPT's."""
-    import torch
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import default_partition
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from deepcompile_remat.harness.models import build_hf
-
-    torch.manual_seed(0)
-    model = build_hf("llama", vocab=sizes.vocab, hidden=sizes.hidden, layers=sizes.layers,
-                     heads=sizes.heads, kv_heads=max(sizes.heads // 2, 1), seq=sizes.seq,
-                     dropout=0.0)
-    captured = []
-
-    def capture(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices=None,
-                **kw):
-        # The graph holds real constant tensors (rotary tables): copy them outside fake mode.
-        with unset_fake_temporarily():
-            captured.append(bench_partition.JointCapture(
-                copy.deepcopy(joint), num_fwd_outputs, list(static_lifetime_input_indices or ())))
-        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
-                                 static_lifetime_input_indices=static_lifetime_input_indices, **kw)
-
-    torch._dynamo.reset()
-    backend = aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=capture)
-    idx = torch.randint(0, sizes.vocab, (sizes.batch, sizes.seq))
-    torch.compile(lambda ids: model(input_ids=ids).logits, backend=backend, fullgraph=True)(idx)
-    torch._dynamo.reset()
-    return captured[0]
+    fn, inputs = bench_partition.llama_model(sizes.layers, sizes.hidden, sizes.seq,
+                                             vocab=sizes.vocab, heads=sizes.heads,
+                                             batch=sizes.batch)
+    return bench_partition.capture_joint(fn, *inputs)
 
 
 def capture(model: str, sizes: Workload) -> bench_partition.JointCapture:
@@ -193,14 +169,10 @@ class Meter:
 
     def _aliases_static_input(self, node) -> bool:
         """node is a static input, or a view / getitem chain over one: saving it costs nothing."""
-        import operator
+        from deepcompile_remat.fx_values import storage_root
 
-        import torch
-
-        while node.op == "call_function" and (node.target is operator.getitem or (
-                isinstance(node.target, torch._ops.OpOverload) and node.target.is_view)):
-            node = node.args[0]
-        return node.op == "placeholder" and node.name in self.static_names
+        root = storage_root(node)
+        return root.op == "placeholder" and root.name in self.static_names
 
     def measure(self, fw, bw) -> Measured:
         """Saved bytes and recompute cost of one (forward, backward) pair."""

@@ -98,16 +98,19 @@ def gpt_model(layers: int = 24, d_model: int = 256, seq: int = 64) -> tuple:
     return model, (torch.randint(0, 256, (2, seq)),)
 
 
-def llama_model(layers: int = 16, hidden: int = 64, seq: int = 64) -> tuple:
-    """A transformers Llama with random weights (harness.models.build_hf), seeded: (a
-    function returning its logits, inputs)."""
+def llama_model(layers: int = 16, hidden: int = 64, seq: int = 64, *, vocab: int = 128,
+                heads: int = 4, batch: int = 2) -> tuple:
+    """A transformers Llama with random weights (harness.models.build_hf; max(heads // 2, 1)
+    key/value heads, no dropout), seeded: (a function returning its logits, inputs: `batch`
+    sequences of `seq` token ids)."""
     import torch
 
     from deepcompile_remat.harness.models import build_hf
 
     torch.manual_seed(0)
-    model = build_hf("llama", layers=layers, hidden=hidden, seq=seq)
-    ids = torch.randint(0, model.config.vocab_size, (2, seq))
+    model = build_hf("llama", vocab=vocab, hidden=hidden, layers=layers, heads=heads,
+                     kv_heads=max(heads // 2, 1), seq=seq, dropout=0.0)
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq))
     return (lambda x: model(input_ids=x).logits), (ids,)
 
 

@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 from deepcompile_remat.harness import memory
 from deepcompile_remat.harness.workload import Workload
-from deepcompile_remat.profile.partitions import PartitionRecorder
+from deepcompile_remat.profile.partitions import PartitionRecorder, PartitionStats
 from deepcompile_remat.profile.results import BUDGET_FIELDS
 from deepcompile_remat.profile.setups import Cell
 
@@ -82,12 +82,12 @@ def make_step(run, model, workload: Workload, precision: str, device, rank: int)
     return step
 
 
-# The measured figures of a row, NaN in an infeasible one (results.fold reads them).
+# The measured figures of a row, NaN in an infeasible one (results.fold reads them): the step's,
+# then PartitionStats.as_dict()'s numbers, taken from it so the two cannot drift apart.
 MEASURED_FIELDS = ("peak_bytes", "fw_peak_bytes", "bw_peak_bytes", "boundary_bytes",
                    "start_bytes", "step_s", "compile_s", "gathered_bytes", "gather_calls",
-                   "partitions", "saved_values", "saved_bytes", "saved_weight_bytes",
-                   "saved_activation_bytes", "predicted_fw_bytes", "predicted_bw_bytes",
-                   "predicted_peak_bytes")
+                   "partitions",
+                   *(k for k, v in PartitionStats().as_dict().items() if not isinstance(v, dict)))
 
 
 def budget_figures(budget: Optional[float], reports: list) -> dict:

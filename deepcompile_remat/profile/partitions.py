@@ -26,7 +26,7 @@ import torch
 import torch.fx as fx
 
 from deepcompile_remat.backends import parameter_indices_of
-from deepcompile_remat.fx_values import is_alias, value_bytes
+from deepcompile_remat.fx_values import storage_root, value_bytes
 from deepcompile_remat.partition.fx_export import is_tangent
 
 _BLOCK = re.compile(r"\b(?:blocks|layers|h)[._](\d+)\b")  # GPT, Llama/Qwen2, GPT2
@@ -79,12 +79,6 @@ def combine(parts: Sequence[PartitionStats]) -> PartitionStats:
 
 def _value_bytes(node: fx.Node) -> float:
     return float(value_bytes(node.meta.get("val")))
-
-
-def _storage_root(node: fx.Node) -> fx.Node:
-    while is_alias(node) and node.args and isinstance(node.args[0], fx.Node):
-        node = node.args[0]
-    return node
 
 
 def parameter_names(fw: fx.GraphModule, example_inputs: Sequence[Any]) -> set:
@@ -157,7 +151,7 @@ def analyze(fw: fx.GraphModule, bw: fx.GraphModule,
             continue
         stats.saved_values += 1
         node = fw_nodes.get(p.name)
-        root = _storage_root(node) if node is not None else p
+        root = storage_root(node) if node is not None else p
         roots.setdefault(root, p)
     for root in roots:
         nbytes = _value_bytes(root)

@@ -8,7 +8,7 @@ import os
 from typing import Optional
 
 from deepcompile_remat.profile import results
-from deepcompile_remat.profile.setups import BUDGET_SETUP, SETUPS, is_budget_label
+from deepcompile_remat.profile.setups import BUDGET_SETUP, SETUPS
 
 COLORS = {"unbucketed": "#7f7f7f", "baseline": "#d62728", "marking": "#1f77b4",
           "ours": "#2ca02c"}
@@ -114,14 +114,12 @@ def peaks(folded: dict, path: str, title: str = "") -> Optional[str]:
 
 def _budget_panels(folded: dict) -> dict:
     """(world, precision) -> backend -> (ours' cell or None, [(budget, cell)]) for the timed
-    (not emulated) groups with budget cells."""
+    (not emulated) groups with budget cells (results.budget_groups)."""
     panels: dict = {}
-    for (world, emulated, backend, precision, setup), c in folded.items():
-        if emulated or not is_budget_label(setup):
-            continue
-        entry = panels.setdefault((world, precision), {}).setdefault(
-            backend, (folded.get((world, emulated, backend, precision, BUDGET_SETUP)), []))
-        entry[1].append((c["budget"], c))
+    for (world, emulated, backend, precision), ours, cells in results.budget_groups(folded):
+        if not emulated:
+            panels.setdefault((world, precision), {})[backend] = (
+                ours, [(c["budget"], c) for _, c in cells])
     return panels
 
 

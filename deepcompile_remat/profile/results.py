@@ -180,7 +180,7 @@ def infeasible_text(cell: dict, scale: float, unit: str) -> str:
     return f"infeasible (min {least:.0f} bytes)"
 
 
-def _budget_groups(folded: dict) -> list:
+def budget_groups(folded: dict) -> list:
     """Per config group with budget cells: (group, ours' cell or None, [(setup, cell)] in run
     order)."""
     out = []
@@ -197,7 +197,7 @@ def budget_table(folded: dict) -> str:
     backward recomputes and how far that may be from the best, the measured peak and step
     time with their change against ours, and what is alive when the forward ends (where the
     saved bytes show; the peak may sit elsewhere). Empty when the run had no budget cells."""
-    groups = _budget_groups(folded)
+    groups = budget_groups(folded)
     if not groups:
         return ""
     scale, unit = unit_of([c["peak_bytes"] for c in folded.values()]

@@ -34,7 +34,6 @@ backends
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -121,8 +120,7 @@ class Cell:
         if self.budget is not None:
             if self.setup != BUDGET_SETUP:
                 raise ValueError(f"a budget runs the {BUDGET_SETUP!r} setup, not {self.setup!r}")
-            if not math.isfinite(self.budget) or self.budget < 0:
-                raise ValueError(f"budget must be >= 0 and finite, got {self.budget}")
+            self.config()  # RematConfig validates memory_budget (a finite number >= 0)
 
     @property
     def label(self) -> str:

@@ -245,24 +245,13 @@ def test_effectful_op_runs_once(effectful_tally):
 def _joint_graphs():
     """Joint graphs as AOTAutograd hands them over (zoo GPT, HF Llama, two checkpointed
     blocks)."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import default_partition
+    from deepcompile_remat.bench.partition import capture_joint
 
     graphs = []
-
-    def keep(joint, joint_inputs, **kw):
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-        with unset_fake_temporarily():
-            graphs.append(copy.deepcopy(joint))
-        return default_partition(joint, joint_inputs, **kw)
-
     for build in (functools.partial(_zoo_case, "gpt"), functools.partial(_hf_case, "llama"),
                   _checkpointed_stack):
         fn, inputs, _ = build()
-        torch._dynamo.reset()
-        torch.compile(fn, backend=aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=keep),
-                      fullgraph=True)(*inputs)
+        graphs.append(capture_joint(fn, *inputs).joint)
     return graphs
 
 

@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "deepspeed": {"backends", "config", "zero3"},
     # harness
     "harness": set(),
-    "bench": {"backends", "config", "deepspeed", "harness", "mincut", "partition"},
+    "bench": {"backends", "config", "deepspeed", "fx_values", "harness", "mincut", "partition"},
     "profile": {PACKAGE_API, "_C", "backends", "config", "deepspeed", "fx_arrays", "fx_values", "harness",
                 "partition", "zero3"},
     # command line
