@@ -54,12 +54,16 @@ setup(
     name="deepcompile_remat",
     version=VERSION,
     description="ZeRO-3-aware min-cut rematerialization for torch.compile",
-    packages=find_packages(include=["deepcompile_remat", "deepcompile_remat.*"]),
+    # The product, and beside it the measurement tools (benchmarks/dcr_bench: the
+    # `deepcompile-remat` command), which the product never imports.
+    packages=[*find_packages(include=["deepcompile_remat", "deepcompile_remat.*"]),
+              *find_packages("benchmarks", include=["dcr_bench", "dcr_bench.*"])],
+    package_dir={"dcr_bench": "benchmarks/dcr_bench"},
     ext_modules=[CMakeExtension("deepcompile_remat._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
     install_requires=["numpy"],
     extras_require={"test": ["pytest", "networkx"]},
-    entry_points={"console_scripts": ["deepcompile-remat=deepcompile_remat.cli:main"]},
+    entry_points={"console_scripts": ["deepcompile-remat=dcr_bench.cli:main"]},
     zip_safe=False,
 )

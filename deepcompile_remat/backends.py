@@ -75,15 +75,27 @@ def _parameters(config: RematConfig, example_inputs: Sequence[Any]) -> Sequence[
     return parameter_indices_of(example_inputs)
 
 
-@functools.lru_cache(maxsize=1)
-def _source_digest() -> str:
-    """Hash of the partitioner's Python sources and native module: part of the cache key."""
-    root = Path(__file__).resolve().parent
+def source_files(root: Optional[Path] = None) -> list[Path]:
+    """The files the compile-cache key hashes: the product's Python sources and its native
+    module, nothing else (the measurement tools live apart, in benchmarks/dcr_bench, so
+    editing a benchmark never makes a user's cache miss). root: the package folder."""
+    root = root if root is not None else Path(__file__).resolve().parent
+    return sorted(root.rglob("*.py")) + sorted(root.glob("_C*.so"))
+
+
+def digest_of(root: Path) -> str:
+    """sha256 over source_files(root): each file's path below root and its bytes."""
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")) + sorted(root.glob("_C*.so")):
-        h.update(path.name.encode())
+    for path in source_files(root):
+        h.update(path.relative_to(root).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _source_digest() -> str:
+    """Hash of the product's sources and native module: part of the cache key."""
+    return digest_of(Path(__file__).resolve().parent)
 
 
 def _observed(partition: Callable, on_partition: Optional[Callable], example_inputs) -> Callable:

@@ -55,11 +55,11 @@ tail -3 "$OUT/partition_tests.log"
 step "memory profile on the GPU (one GPU timed, per-rank memory at an emulated world of 8)"
 # ~1 B parameters; DCR_GPU_PROFILE_ARGS overrides (e.g. a smaller model on a short lease).
 read -r -a profile_args <<<"${DCR_GPU_PROFILE_ARGS:---layers 20 --hidden 2048 --heads 16 --vocab 32000 --seq 512}"
-python3 -m deepcompile_remat profile --device cuda --world 1 --fake-world 8 "${profile_args[@]}" \
+python3 -m dcr_bench profile --device cuda --world 1 --fake-world 8 "${profile_args[@]}" \
   --out "$OUT/profile" 2>"$OUT/profile.err" | tee "$OUT/profile_table.txt" || status=1
 tail -5 "$OUT/profile.err"
 
 step "kernel benchmark"
-python3 benchmarks/bench_allgather_cast.py --json "$OUT/bench_allgather_cast.json" \
+python3 benchmarks/scripts/bench_allgather_cast.py --json "$OUT/bench_allgather_cast.json" \
   2>&1 | tail -40 || status=1
 exit $status

@@ -20,7 +20,7 @@ form (cast_and_gather_packed: a bucket, dcr::allgather_cast_bucket, in one colle
                 stream (under the shards' device), when the module is built and matches this
                 torch and driver (cuda_module.usable), else torch's _foreach_copy_ into the
                 slots; CPU: torch's _foreach_copy_ (faster here than our CPU kernel:
-                benchmarks/bench_allgather_cast.py --cpu);
+                benchmarks/scripts/bench_allgather_cast.py --cpu);
     gather      the process group's own collective, in place, NCCL coalesced into one group.
 
 async_op=True returns a GatherHandle; its wait() returns the outputs (on CUDA it makes the

@@ -35,12 +35,6 @@ _PARAMETER_ALIAS = int(_C.NodeInfoBit.PARAMETER_ALIAS)
 _RECOMPUTE_REQUESTED = int(_C.NodeInfoBit.RECOMPUTE_REQUESTED)
 _PARAMETER = int(_C.NodeFlag.PARAMETER)
 
-# The passes our own DCE, CSE and extraction replaced (FX's DCE, torch's fx_graph_cse, torch's
-# extraction helper), kept selectable so that bench-partition can re-measure "before" against
-# "after" on any torch. Private and for benchmarks only: no config field, never set by the library.
-_use_torch_passes = False
-
-
 class PartitionHook(Protocol):
     """How a runtime adds graph passes around the cut without the partitioner knowing it
     (the ZeRO-3 runtime: zero3/hooks.py::Zero3Hooks)."""
@@ -55,10 +49,10 @@ class PartitionHook(Protocol):
 
 
 def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig,
-                         hooks: Sequence[PartitionHook]) -> None:
+                         hooks: Sequence[PartitionHook], torch_passes: bool) -> None:
     """DCE and CSE (FX's and torch's rules, in place: dce.py, cse.py; FX's and torch's own
-    passes under _use_torch_passes), the hooks' joint rewrites, then torch's force-save rules."""
-    if _use_torch_passes:
+    passes with torch_passes), the hooks' joint rewrites, then torch's force-save rules."""
+    if torch_passes:
         from torch._functorch.compile_utils import fx_graph_cse
 
         joint_module.graph.eliminate_dead_code()
@@ -158,11 +152,14 @@ def partition_joint_graph(
     parameter_indices: Optional[Sequence[int]] = None,
     num_graph_inputs: Optional[int] = None,
     hooks: Sequence[PartitionHook] = (),
+    torch_passes: bool = False,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """num_graph_inputs: how many inputs `parameter_indices` counts (the backend's example
     inputs); where the joint graph has another number of primals (effect tokens, flattened
     tensor subclasses), those indices would name the wrong primals. hooks: graph passes
-    around the cut (PartitionHook)."""
+    around the cut (PartitionHook). torch_passes: clean and extract with the passes ours
+    replaced (FX's DCE, torch's fx_graph_cse and extraction helper), the same cut otherwise;
+    bench-partition measures "before" against "after" with it."""
     # Lazy GraphModules (as inductor compiles them): code is generated on first call, not here.
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
@@ -172,7 +169,7 @@ def partition_joint_graph(
         return _partition_joint_graph(
             joint_module, num_fwd_outputs=num_fwd_outputs, config=config,
             static_lifetime_input_indices=static_lifetime_input_indices,
-            parameter_indices=parameter_indices, hooks=tuple(hooks))
+            parameter_indices=parameter_indices, hooks=tuple(hooks), torch_passes=torch_passes)
 
 
 def _decide(graph, config: RematConfig):
@@ -201,9 +198,9 @@ def _decide(graph, config: RematConfig):
 
 
 def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_lifetime_input_indices,
-                           parameter_indices, hooks):
+                           parameter_indices, hooks, torch_passes):
     t_start = time.perf_counter()
-    _prepare_joint_graph(joint_module, config, hooks)
+    _prepare_joint_graph(joint_module, config, hooks, torch_passes)
     t0 = time.perf_counter()
     static = list(static_lifetime_input_indices or ())
     graph = fx_export.export_joint_graph(
@@ -219,7 +216,7 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
     saved_tensors = [n for n in saved_nodes if n not in saved_sym and n not in saved_opaque]
     primals = [n for n in joint_module.graph.nodes if fx_export.is_primal(n)]
     static_nodes = {p for i, p in enumerate(primals) if i in set(static)}
-    extract_modules = (extract.torch_extract_fwd_bwd_modules if _use_torch_passes
+    extract_modules = (extract.torch_extract_fwd_bwd_modules if torch_passes
                        else extract.extract_fwd_bwd_modules)
     fw_module, bw_module = extract_modules(
         joint_module, saved_tensors, saved_sym, saved_opaque, num_fwd_outputs=num_fwd_outputs,
@@ -267,18 +264,21 @@ def build_partition_fn(
     parameter_indices: Optional[Sequence[int]] = None,
     num_graph_inputs: Optional[int] = None,
     hooks: Sequence[PartitionHook] = (),
+    torch_passes: bool = False,
 ) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
     """Our min-cut partition function with AOTAutograd's contract, bound to `config`; it runs
     whatever config.enabled says (the off switch is deepcompile_remat.make_partition_fn's,
     which callers use). parameter_indices (default: config.parameter_indices, else
     AOTAutograd's static-lifetime inputs) count the num_graph_inputs inputs a backend saw;
-    hooks add graph passes; see partition_joint_graph."""
+    hooks add graph passes; torch_passes swaps in torch's cleaning and extraction (for
+    benchmarks); see partition_joint_graph."""
 
     def partition_fn(joint_module, joint_inputs, *, num_fwd_outputs,
                      static_lifetime_input_indices=None, **_unused):
         return partition_joint_graph(
             joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, config=config,
             static_lifetime_input_indices=static_lifetime_input_indices,
-            parameter_indices=parameter_indices, num_graph_inputs=num_graph_inputs, hooks=hooks)
+            parameter_indices=parameter_indices, num_graph_inputs=num_graph_inputs, hooks=hooks,
+            torch_passes=torch_passes)
 
     return partition_fn

@@ -5,7 +5,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from deepcompile_remat.harness.ranks import RanksTimedOut, free_port, spawn_for_rows
+from dcr_bench.harness.ranks import RanksTimedOut, free_port, spawn_for_rows
 from deepcompile_remat.zero3.custom_ops import resolve_group
 from deepcompile_remat.zero3.shard import specs_of
 

@@ -1,4 +1,4 @@
-"""bench-budget (deepcompile_remat/bench/budget.py): the command runs on a tiny GPT, both sides
+"""bench-budget (benchmarks/dcr_bench/bench/budget.py): the command runs on a tiny GPT, both sides
 are measured, our budget cut is monotone, and at torch's own bytes ours is no worse than our
 solver promises."""
 import json
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from deepcompile_remat import cli
-from deepcompile_remat.bench import budget as bench_budget
+from dcr_bench import cli
+from dcr_bench.bench import budget as bench_budget
 
 BUDGETS = (1.0, 0.5, 0.0)
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from deepcompile_remat import cli
-from deepcompile_remat.partition import extract_fast, partitioner
+from dcr_bench import cli
+from deepcompile_remat.partition import extract_fast
 
 # Ours' extraction where this torch's layout allows it (2.13); on 2.11 every graph takes
 # torch's, and the row says so.
@@ -34,7 +34,6 @@ def test_end_to_end_rows_torch_before_and_ours(capsys):
         assert r["extract_path"].startswith(want), r["extract_path"]
         if r["extract_path"] == "ours":
             assert r["build_ms"] > 0
-    assert partitioner._use_torch_passes is False
 
 
 def test_end_to_end_table(capsys):
@@ -58,4 +57,3 @@ def test_compile_share_before_and_after(capsys):
         assert row[phase]["partition_ms"] > 0 and row[phase]["compile_ms"] > 0
         assert row[phase]["share"] == pytest.approx(
             row[phase]["partition_ms"] / row[phase]["compile_ms"])
-    assert partitioner._use_torch_passes is False

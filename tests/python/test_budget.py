@@ -126,11 +126,11 @@ def test_impossible_budget_names_the_smallest_feasible(graph):
 
 def test_chain_budget_reaches_sqrt_n_peak():
     """Seed 004 on a 16-layer chain: a budget point within one extra forward brings the
-    backward's peak from ~n to ~2 sqrt(n) activations (benchmarks/budget_chain.py)."""
+    backward's peak from ~n to ~2 sqrt(n) activations (benchmarks/scripts/budget_chain.py)."""
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "budget_chain.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "scripts" / "budget_chain.py"
     spec = importlib.util.spec_from_file_location("budget_chain", path)
     chain = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(chain)

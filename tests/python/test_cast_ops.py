@@ -181,7 +181,7 @@ def test_two_rank_nccl_matches_torch():
 
 
 def _bench_module():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_allgather_cast.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "scripts" / "bench_allgather_cast.py"
     spec = importlib.util.spec_from_file_location("bench_allgather_cast", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -189,7 +189,7 @@ def _bench_module():
 
 
 def test_cpu_fill_benchmark_runs_and_its_bit_check_can_fail(monkeypatch, capsys, tmp_path):
-    """benchmarks/bench_allgather_cast.py --cpu, on a tiny bucket: it prints (and writes) a
+    """benchmarks/scripts/bench_allgather_cast.py --cpu, on a tiny bucket: it prints (and writes) a
     time and a bandwidth for each slot fill, and our kernel's slots equal torch's bit for bit.
     With the kernel made a no-op the bit check says so (before: the slots still held the torch
     runs' bits, so it could not fail)."""

@@ -276,7 +276,7 @@ HF_CASES = [(p, "eager", 2, reentrant, not reentrant) for p in ("llama", "qwen2"
 def test_hf_activation_checkpointing_matches_torch(preset, kind, layers, reentrant, autocast):
     """Before: model.gradient_checkpointing_enable() on any of these failed to compile under
     dcr.backend (SDPA in every region). gpt2 also has dropout (0.1) in every region."""
-    from deepcompile_remat.harness import models
+    from dcr_bench.harness import models
     pytest.importorskip("transformers")
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
 
@@ -296,7 +296,7 @@ def test_hf_activation_checkpointing_matches_torch(preset, kind, layers, reentra
 
 def test_hf_deprecated_gradient_checkpointing_enable_compiles():
     """The name the issue reported, still what older code calls."""
-    from deepcompile_remat.harness import models
+    from dcr_bench.harness import models
     pytest.importorskip("transformers")
     model = models.build_hf("llama", layers=1, hidden=64)
     with pytest.warns(FutureWarning):

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from deepcompile_remat import cli
-from deepcompile_remat.bench.joint_graphs import transformer_joint_graph
+from dcr_bench import cli
+from dcr_bench.bench.joint_graphs import transformer_joint_graph
 
 
 def test_bench_solver_table(capsys):
@@ -135,8 +135,8 @@ def test_a_config_json_is_the_model_it_describes(tmp_path, command):
     defaults' vocab (512) feeding token ids past the config's (40) or describing another model."""
     import math
 
-    from deepcompile_remat.bench import deepspeed_bench
-    from deepcompile_remat.harness.workload import workload_from_args
+    from dcr_bench.bench import deepspeed_bench
+    from dcr_bench.harness.workload import workload_from_args
 
     path = _gpt2_config_json(tmp_path)
     args = cli.build_parser().parse_args([command, "--model", path, "--seq", "8"])
@@ -151,7 +151,7 @@ def test_a_config_json_is_the_model_it_describes(tmp_path, command):
 
 
 def test_a_config_json_and_a_flag_that_disagrees(tmp_path):
-    from deepcompile_remat.harness.workload import Workload, workload_from_args
+    from dcr_bench.harness.workload import Workload, workload_from_args
 
     path = _gpt2_config_json(tmp_path)
     parse = cli.build_parser().parse_args
@@ -173,7 +173,7 @@ def test_a_config_json_and_a_flag_that_disagrees(tmp_path):
 ])
 def test_a_bad_config_path_is_an_error_naming_the_file(tmp_path, content, says):
     """Before any rank process starts: the error names the file and what is wrong with it."""
-    from deepcompile_remat.harness import models
+    from dcr_bench.harness import models
 
     path = tmp_path / "my-config.json"
     if content is not None:
@@ -194,7 +194,7 @@ def test_profile_transformers_preset_shows_progress_and_table_only(tmp_path):
 
     pytest.importorskip("transformers")
     proc = subprocess.run(
-        [sys.executable, "-m", "deepcompile_remat.cli", "profile", "--model", "llama",
+        [sys.executable, "-m", "dcr_bench.cli", "profile", "--model", "llama",
          "--backends", "eager", "--precisions", "autocast", "--setups", "ours", "--layers", "1",
          "--hidden", "64", "--heads", "4", "--vocab", "64", "--seq", "16", "--steps", "1",
          "--warmup", "0", "--profiled-steps", "1", "--no-plots", "--out", str(tmp_path / "out")],

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from deepcompile_remat import cli
-from deepcompile_remat.profile.compare import DEFAULT_PEERS, fold, render
+from dcr_bench import cli
+from dcr_bench.profile.compare import DEFAULT_PEERS, fold, render
 
 TINY = ["--layers", "1", "--hidden", "64", "--heads", "4", "--vocab", "64", "--seq", "16",
         "--steps", "1", "--warmup", "0", "--quiet", "--no-plots"]
@@ -126,7 +126,7 @@ def test_terminal_shows_progress_and_table_only(tmp_path):
                               else [])
     args = [a for a in TINY if a != "--quiet"]
     proc = subprocess.run(
-        [sys.executable, "-m", "deepcompile_remat.cli", "compare", *args, "--peers", *peers,
+        [sys.executable, "-m", "dcr_bench.cli", "compare", *args, "--peers", *peers,
          "--precisions", "bf16", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,7 +17,7 @@ pytest.importorskip("deepspeed",
 
 import deepcompile_remat as dcr  # noqa: E402
 from deepcompile_remat import zero3  # noqa: E402
-from deepcompile_remat.harness.models import GPT  # noqa: E402
+from dcr_bench.harness.models import GPT  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
 from ds_utils import (assert_deepspeed_never_gathered, assert_weights_match_and_moved,  # noqa: E402
                       ds_config, full_fp32_params, rank_env)
@@ -468,7 +468,7 @@ def test_deepcompile_on_gpu_uses_our_partitioner():
 
 def _deepcompile_gpu_main():
     """Stock DeepCompile vs DeepCompile with our partitioner, one GPU, 3 steps."""
-    from deepcompile_remat.harness.ranks import free_port
+    from dcr_bench.harness.ranks import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                       LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
@@ -495,7 +495,7 @@ def test_bench_deepspeed_smoke(capsys):
     itself (the flag never reaching the engine), printing rows for ranks that measured nothing,
     --model or --checkpointing not reaching the ranks."""
     pytest.importorskip("transformers")
-    from deepcompile_remat import cli
+    from dcr_bench import cli
 
     assert cli.main(["bench-deepspeed", "--model", "llama", "--checkpointing", "--layers", "1",
                      "--hidden", "32", "--heads", "4", "--vocab", "64", "--seq", "16",

@@ -1,4 +1,5 @@
-"""Every public function and class of deepcompile_remat has a docstring.
+"""Every public function and class of deepcompile_remat (and of its tools, dcr_bench) has a
+docstring.
 
 Public: a module-level function or class, or a method or nested class of a public class, whose
 name does not start with "_". Not counted: property setters and deleters (the getter carries
@@ -9,7 +10,8 @@ implementation details and are not walked.
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "deepcompile_remat"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = (ROOT / "deepcompile_remat", ROOT / "benchmarks" / "dcr_bench")
 
 
 # Decorators whose function documents nothing of its own.
@@ -69,8 +71,8 @@ def fake(x): pass
 
 def test_every_public_function_and_class_has_a_docstring():
     missing = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
-        missing += undocumented(path.read_text(), f"deepcompile_remat/{rel}")
+    for package in PACKAGES:
+        for path in sorted(package.rglob("*.py")):
+            missing += undocumented(path.read_text(), path.relative_to(ROOT).as_posix())
     assert not missing, ("public functions/classes without a docstring:\n  "
                          + "\n  ".join(missing))

@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
 import deepcompile_remat as dcr
-from deepcompile_remat.harness.models import GPT, Block, zoo
+from dcr_bench.harness.models import GPT, Block, zoo
 from deepcompile_remat.partition import cse, dce, extract, extract_fast
 
 
@@ -101,7 +101,7 @@ def _zoo_case(name):
 
 
 def _hf_case(preset, **sizes):
-    from deepcompile_remat.harness import models as hf_models
+    from dcr_bench.harness import models as hf_models
 
     model = hf_models.build_hf(preset, layers=2, hidden=64, seq=16, **sizes)
     ids = torch.randint(0, model.config.vocab_size, (2, 16))
@@ -245,7 +245,7 @@ def test_effectful_op_runs_once(effectful_tally):
 def _joint_graphs():
     """Joint graphs as AOTAutograd hands them over (zoo GPT, HF Llama, two checkpointed
     blocks)."""
-    from deepcompile_remat.bench.partition import capture_joint
+    from dcr_bench.bench.partition import capture_joint
 
     graphs = []
     for build in (functools.partial(_zoo_case, "gpt"), functools.partial(_hf_case, "llama"),

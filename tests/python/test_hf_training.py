@@ -25,7 +25,7 @@ pytest.importorskip("transformers", reason="transformers is not installed "
 
 import deepcompile_remat as dcr  # noqa: E402
 from deepcompile_remat import zero3  # noqa: E402
-from deepcompile_remat.harness import models  # noqa: E402
+from dcr_bench.harness import models  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
 from graph_checks import capture_partitions, parameter_copies_saved  # noqa: E402
 

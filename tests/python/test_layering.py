@@ -1,25 +1,29 @@
-"""The layers of DESIGN.md stay layers: one table says which part of deepcompile_remat may import
-which, every import in every file is checked against it, and the table itself has no cycle.
+"""The layers of DESIGN.md stay layers: one table says which part of deepcompile_remat (the
+product) and of dcr_bench (the measurement tools, benchmarks/dcr_bench) may import which, every
+import in every file of both is checked against it, and the table itself has no cycle.
 
-A part is a top-level entry of the package: a subpackage (partition/, zero3/, ...), a module
+A part is a top-level entry of a package: a subpackage (partition/, zero3/, ...), a module
 (config.py, backends.py, ...), a native extension (_C, _cuda), or the package's own __init__
 (PACKAGE_API: `import deepcompile_remat as dcr`, `from deepcompile_remat import RematConfig`).
-The product is everything but the harness (harness/, bench/, profile/: measurement code) and
-the command line (cli.py, __main__.py). Among the product, the partitioner knows nothing of
-ZeRO-3 (the runtime plugs in through PartitionHook) and the ZeRO-3 runtime does not reach into
-the partitioner; FX facts both need live in fx_values, and
-fx_arrays is the one bridge from FX graphs to the arrays the C++ core reads. The harness sits on the product;
+Among the product, the partitioner knows nothing of ZeRO-3 (the runtime plugs in through
+PartitionHook) and the ZeRO-3 runtime does not reach into the partitioner; FX facts both need
+live in fx_values, and fx_arrays is the one bridge from FX graphs to the arrays the C++ core
+reads. The product never imports the tools. Among the tools, harness/ sits on the product;
 bench/ and profile/ share harness/ and never import each other.
 """
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "deepcompile_remat"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "deepcompile_remat"
+TOOLS = ROOT / "benchmarks" / "dcr_bench"
 PACKAGE_API = "deepcompile_remat"  # the package's __init__
+TOOLS_API = "dcr_bench"  # the tools package's __init__
 
-# part -> the parts it may import (function-level imports included).
+# part -> the parts it may import (function-level imports included). Parts of both packages
+# share one namespace: their names do not collide, and a tool names the product parts it reads.
 ALLOWED: dict[str, set[str]] = {
-    # product
+    # product (deepcompile_remat/)
     "_C": set(),
     "_cuda": set(),
     "config": set(),
@@ -32,22 +36,26 @@ ALLOWED: dict[str, set[str]] = {
     "backends": {"config", "partition", "zero3"},
     PACKAGE_API: {"_C", "config", "partition", "backends"},
     "deepspeed": {"backends", "config", "zero3"},
-    # harness
+    # measurement tools (benchmarks/dcr_bench/)
+    TOOLS_API: set(),
     "harness": set(),
     "bench": {"backends", "config", "deepspeed", "fx_values", "harness", "mincut", "partition"},
     "profile": {PACKAGE_API, "_C", "backends", "config", "deepspeed", "fx_arrays", "fx_values", "harness",
                 "partition", "zero3"},
-    # command line
+    # the deepcompile-remat command
     "cli": {"bench", "profile"},
     "__main__": {"cli"},
 }
 
 
 NATIVE = {"_C", "_cuda"}  # extension modules: parts whether or not this checkout built them
+PACKAGES = {PACKAGE_API: PACKAGE, TOOLS_API: TOOLS}  # import name -> folder
 
 
 def _parts_on_disk(root: Path = PACKAGE) -> set[str]:
-    parts = {PACKAGE_API} | NATIVE
+    parts = {root.name}
+    if root.name == PACKAGE_API:
+        parts |= NATIVE
     for entry in root.iterdir():
         if entry.is_dir() and (entry / "__init__.py").is_file():
             parts.add(entry.name)
@@ -58,15 +66,20 @@ def _parts_on_disk(root: Path = PACKAGE) -> set[str]:
     return parts
 
 
-def _part_of(path: Path) -> str:
-    rel = path.relative_to(PACKAGE)
+def _all_parts() -> dict[str, set[str]]:
+    """import name of each package -> its parts on disk."""
+    return {name: _parts_on_disk(root) for name, root in PACKAGES.items()}
+
+
+def _part_of(path: Path, root: Path = PACKAGE) -> str:
+    rel = path.relative_to(root)
     if rel == Path("__init__.py"):
-        return PACKAGE_API
+        return root.name
     return rel.parts[0].removesuffix(".py")
 
 
-def _imported_parts(path: Path, parts: set[str], root: Path = PACKAGE):
-    """(line, part, the import as written) for every import of deepcompile_remat in the file,
+def _imported_parts(path: Path, parts: dict[str, set[str]], root: Path = PACKAGE):
+    """(line, part, the import as written) for every import of either package in the file,
     wherever it stands (module level or inside a function); relative imports resolved."""
     package = [root.name, *path.relative_to(root).parent.parts]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -79,8 +92,8 @@ def _imported_parts(path: Path, parts: set[str], root: Path = PACKAGE):
             yield from _resolve(node.lineno, module, [a.name for a in node.names], parts)
 
 
-def _resolve(line: int, module: list[str], names: list[str], parts: set[str]):
-    if not module or module[0] != PACKAGE.name:
+def _resolve(line: int, module: list[str], names: list[str], parts: dict[str, set[str]]):
+    if not module or module[0] not in parts:
         return
     written = ".".join(module) + (f" import {', '.join(names)}" if names else "")
     if len(module) > 1:
@@ -88,20 +101,32 @@ def _resolve(line: int, module: list[str], names: list[str], parts: set[str]):
         return
     # `import deepcompile_remat` or `from deepcompile_remat import X`: X a part, or the API.
     for name in names or [None]:
-        yield line, name if name in parts else PACKAGE_API, written
+        yield line, name if name in parts[module[0]] else module[0], written
 
 
 def test_every_import_follows_the_table():
-    parts = _parts_on_disk()
+    parts = _all_parts()
     broken = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        part = _part_of(path)
-        for line, imported, written in _imported_parts(path, parts):
-            if imported != part and imported not in ALLOWED.get(part, set()):
-                broken.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {part} imports "
-                              f"{imported} ({written}); allowed: {sorted(ALLOWED.get(part, ()))}")
+    for root in PACKAGES.values():
+        for path in sorted(root.rglob("*.py")):
+            part = _part_of(path, root)
+            for line, imported, written in _imported_parts(path, parts, root):
+                if imported != part and imported not in ALLOWED.get(part, set()):
+                    broken.append(
+                        f"{path.relative_to(ROOT)}:{line}: {part} imports {imported} "
+                        f"({written}); allowed: {sorted(ALLOWED.get(part, ()))}")
     assert not broken, "imports outside tests/python/test_layering.py's table:\n" + "\n".join(
         broken)
+
+
+def test_the_product_never_imports_the_tools():
+    """The product's rows name no tool part: a benchmark can change without the product (or a
+    user's compile cache, which hashes the product's sources) noticing."""
+    tools = _parts_on_disk(TOOLS) - _parts_on_disk(PACKAGE)
+    product = _parts_on_disk(PACKAGE)
+    leaks = {part: sorted(ALLOWED[part] & tools) for part in product if ALLOWED.get(part, set()) & tools}
+    assert not leaks, f"product parts allowed to import measurement tools: {leaks}"
+    assert not list(PACKAGE.rglob("cli.py")), "the command line belongs to the tools"
 
 
 def test_the_table_has_no_cycle():
@@ -125,8 +150,11 @@ def test_the_table_has_no_cycle():
 
 def test_every_part_on_disk_has_a_row():
     """A new subpackage or module must be placed in the table (and so in the layers)."""
-    missing = sorted(_parts_on_disk() - set(ALLOWED))
-    assert not missing, f"parts of deepcompile_remat without a row in ALLOWED: {missing}"
+    on_disk = set().union(*_all_parts().values())
+    missing = sorted(on_disk - set(ALLOWED))
+    assert not missing, f"parts of deepcompile_remat or dcr_bench without a row in ALLOWED: {missing}"
+    overlap = sorted((_parts_on_disk(PACKAGE) & _parts_on_disk(TOOLS)) - {PACKAGE_API, TOOLS_API})
+    assert not overlap, f"a part name used in both packages (the table would mix them): {overlap}"
     unknown = sorted({p for allowed in ALLOWED.values() for p in allowed} - set(ALLOWED))
     assert not unknown, f"ALLOWED names parts that have no row: {unknown}"
 
@@ -143,5 +171,32 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
                       "from ..zero3 import shard\nfrom . import extract\n"
                       "from deepcompile_remat import RematConfig, zero3\n")
     found = sorted((line, part) for line, part, _ in
-                   _imported_parts(source, _parts_on_disk(fake), root=fake))
+                   _imported_parts(source, {fake.name: _parts_on_disk(fake)}, root=fake))
     assert found == [(2, "zero3"), (3, "zero3"), (4, "partition"), (5, PACKAGE_API), (5, "zero3")]
+
+
+def test_the_compile_cache_key_covers_the_product_only(tmp_path):
+    """Editing a benchmark must not make users' inductor caches miss (the key hashes the
+    product's sources), and editing the product must (else a stale cached cut is reused)."""
+    import shutil
+
+    from deepcompile_remat import backends
+
+    hashed = backends.source_files()
+    assert hashed and all(PACKAGE in p.parents for p in hashed)
+    assert PACKAGE / "partition" / "partitioner.py" in hashed
+    assert not [p for p in hashed if TOOLS in p.parents]
+
+    tree = tmp_path / "tree"
+    shutil.copytree(PACKAGE, tree / "deepcompile_remat",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(TOOLS, tree / "benchmarks" / "dcr_bench",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    product = tree / "deepcompile_remat"
+    key = backends.digest_of(product)
+    with open(tree / "benchmarks" / "dcr_bench" / "profile" / "compare.py", "a") as f:
+        f.write("\n# a benchmark edit\n")
+    assert backends.digest_of(product) == key
+    with open(product / "partition" / "cse.py", "a") as f:
+        f.write("\n# a product edit\n")
+    assert backends.digest_of(product) != key

@@ -12,7 +12,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 import deepcompile_remat as dcr
 from deepcompile_remat import RematConfig
-from deepcompile_remat.harness.models import GPT, MLP, Block, zoo
+from dcr_bench.harness.models import GPT, MLP, Block, zoo
 from graph_checks import capture_partitions, parameter_copies_saved
 
 BACKENDS = ["eager", "inductor"]

@@ -16,8 +16,8 @@ import math
 
 import pytest
 
-from deepcompile_remat import cli
-from deepcompile_remat.profile import results
+from dcr_bench import cli
+from dcr_bench.profile import results
 
 WORLD = 8
 SIZE = {"layers": 4, "hidden": 256, "heads": 4, "seq": 8, "vocab": 256, "batch": 1}
@@ -129,7 +129,7 @@ TINY = ["--layers", "1", "--hidden", "64", "--heads", "2", "--seq", "8", "--voca
 
 
 def test_budgets_are_cells_after_the_setups():
-    from deepcompile_remat.profile.setups import Cell, matrix
+    from dcr_bench.profile.setups import Cell, matrix
 
     cells = matrix(["eager"], ["autocast", "bf16"], ["baseline", "ours"], [1, 0.5, 1])
     assert [c.name for c in cells] == [

@@ -62,7 +62,7 @@ def _train(rank, out_dir, precision, on, backend=None, compile_backend=None,
            checkpointing=False):
     import transformers
 
-    from deepcompile_remat.harness import models
+    from dcr_bench.harness import models
     from ds_utils import assert_deepspeed_never_gathered, full_fp32_params
 
     torch._dynamo.reset()

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 import deepcompile_remat as dcr
 from deepcompile_remat import zero3
-from deepcompile_remat.harness.models import GPT, MLP
+from dcr_bench.harness.models import GPT, MLP
 from dist_utils import full_grads, run_ranks
 from graph_checks import capture_partitions, parameter_copies_saved
 

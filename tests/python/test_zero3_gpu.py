@@ -8,8 +8,8 @@ import torch.distributed as dist
 
 import deepcompile_remat as dcr
 from deepcompile_remat import zero3
-from deepcompile_remat.harness.models import GPT
-from deepcompile_remat.harness.ranks import free_port
+from dcr_bench.harness.models import GPT
+from dcr_bench.harness.ranks import free_port
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

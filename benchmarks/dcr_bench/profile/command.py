@@ -24,8 +24,8 @@ import sys
 import time
 
 from deepcompile_remat.config import BACKEND_KINDS
-from deepcompile_remat.harness.workload import add_model_arguments, workload_from_args
-from deepcompile_remat.profile.setups import BUDGET_SETUP, PRECISIONS, SETUPS
+from dcr_bench.harness.workload import add_model_arguments, workload_from_args
+from dcr_bench.profile.setups import BUDGET_SETUP, PRECISIONS, SETUPS
 
 NAME = "profile"
 
@@ -99,8 +99,8 @@ def _validate(args) -> None:
 
 def _run_pass(nprocs: int, world: int, emulated: bool, device: str, cells, workload, opts,
               show_progress: bool) -> list:
-    from deepcompile_remat.harness.ranks import free_port, spawn_for_rows
-    from deepcompile_remat.profile import measure
+    from dcr_bench.harness.ranks import free_port, spawn_for_rows
+    from dcr_bench.profile import measure
 
     return spawn_for_rows(measure.rank_main, nprocs, nprocs, world, emulated, free_port(),
                           device, cells, workload, opts, show_progress)
@@ -119,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
     """Peak memory and step time of ZeRO-3 training: backends x precisions x setups."""
     import torch
 
-    from deepcompile_remat.profile import measure, plots, results
-    from deepcompile_remat.profile.setups import matrix
+    from dcr_bench.profile import measure, plots, results
+    from dcr_bench.profile.setups import matrix
 
     _validate(args)
     device = _device(args.device)

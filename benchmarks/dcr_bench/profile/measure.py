@@ -31,11 +31,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from deepcompile_remat.harness import memory
-from deepcompile_remat.harness.workload import Workload
-from deepcompile_remat.profile.partitions import PartitionRecorder, PartitionStats
-from deepcompile_remat.profile.results import BUDGET_FIELDS
-from deepcompile_remat.profile.setups import Cell
+from dcr_bench.harness import memory
+from dcr_bench.harness.workload import Workload
+from dcr_bench.profile.partitions import PartitionRecorder, PartitionStats
+from dcr_bench.profile.results import BUDGET_FIELDS
+from dcr_bench.profile.setups import Cell
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@
 3. --cpu: the CPU slot fill, our C++ kernel (deepcompile_remat._C, with its NaN probe) against
    torch's _foreach_copy_ and per-tensor copy_: why the runtime fills slots with torch on CPU.
 
-    python benchmarks/bench_allgather_cast.py                 # one GPU (world 1)
-    torchrun --nproc-per-node 8 benchmarks/bench_allgather_cast.py   # NCCL across GPUs
-    python benchmarks/bench_allgather_cast.py --cpu           # no GPU needed
+    python benchmarks/scripts/bench_allgather_cast.py                 # one GPU (world 1)
+    torchrun --nproc-per-node 8 benchmarks/scripts/bench_allgather_cast.py   # NCCL across GPUs
+    python benchmarks/scripts/bench_allgather_cast.py --cpu           # no GPU needed
 """
 from __future__ import annotations
 

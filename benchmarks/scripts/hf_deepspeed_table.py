@@ -1,7 +1,7 @@
 """The transformers table: stock DeepSpeed ZeRO-3 against the flag on, for every preset x
 backend x precision x HF activation checkpointing, on 2 CPU ranks.
 
-    python benchmarks/hf_deepspeed_table.py [--layers 4 --hidden 256 ...]
+    python benchmarks/scripts/hf_deepspeed_table.py [--layers 4 --hidden 256 ...]
 
 Each cell is one `deepcompile-remat bench-deepspeed --model PRESET ... --json` run (stock and
 ours in the same rank processes, same seed and data). Printed per cell: the largest loss

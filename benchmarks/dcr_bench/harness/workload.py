@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from deepcompile_remat.harness import models
+from dcr_bench.harness import models
 
 
 # The defaults (every command's): weights dominate (hidden 512 at 16 tokens) and the bf16 GEMMs

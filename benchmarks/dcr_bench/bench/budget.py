@@ -48,9 +48,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Sequence
 
-from deepcompile_remat.bench import partition as bench_partition
-from deepcompile_remat.bench.tables import format_table
-from deepcompile_remat.harness.workload import Workload
+from dcr_bench.bench import partition as bench_partition
+from dcr_bench.bench.tables import format_table
+from dcr_bench.harness.workload import Workload
 
 NAME = "bench-budget"
 MODELS = ("gpt", "llama")

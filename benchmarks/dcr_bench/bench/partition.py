@@ -10,8 +10,9 @@ number of compute-intensive forward ops each recomputes in the backward.
 End-to-end speed (--graphs: the 24-layer GPT encoder, a 16-layer transformers Llama): medians
 of --reps calls, alternated so load changes hit all alike, of torch's whole call, ours, and
 ours "before" (FX's DCE, torch's fx_graph_cse and torch's extraction: the passes ours
-replaced, partitioner._use_torch_passes), with our phases (PartitionReport's prepare / export
-/ solve / extract, extract split into place / order / build) and the min-max spread.
+replaced; build_partition_fn(..., torch_passes=True)), with our phases (PartitionReport's
+prepare / export / solve / extract, extract split into place / order / build) and the min-max
+spread.
 
 --compile-share: instead, the partitioner's share of a whole torch.compile (first forward +
 backward less a warm step) on the eager and inductor backends, before and after.
@@ -91,7 +92,7 @@ def gpt_model(layers: int = 24, d_model: int = 256, seq: int = 64) -> tuple:
     """The depth sweep's GPT encoder (harness.models.GPT), seeded: (module, inputs)."""
     import torch
 
-    from deepcompile_remat.harness.models import GPT
+    from dcr_bench.harness.models import GPT
 
     torch.manual_seed(0)
     model = GPT(vocab=256, d=d_model, layers=layers, heads=4, max_t=seq)
@@ -105,7 +106,7 @@ def llama_model(layers: int = 16, hidden: int = 64, seq: int = 64, *, vocab: int
     sequences of `seq` token ids)."""
     import torch
 
-    from deepcompile_remat.harness.models import build_hf
+    from dcr_bench.harness.models import build_hf
 
     torch.manual_seed(0)
     model = build_hf("llama", vocab=vocab, hidden=hidden, layers=layers, heads=heads,
@@ -256,20 +257,6 @@ def as_compile_calls_it() -> contextlib.ExitStack:
     return stack
 
 
-@contextlib.contextmanager
-def torch_passes(on: bool = True):
-    """Within it, our partitioner runs "before": FX's DCE, torch's fx_graph_cse and torch's
-    extraction instead of ours (partitioner._use_torch_passes)."""
-    from deepcompile_remat.partition import partitioner
-
-    saved = partitioner._use_torch_passes
-    partitioner._use_torch_passes = on
-    try:
-        yield
-    finally:
-        partitioner._use_torch_passes = saved
-
-
 class ExtractTimes:
     """Wraps extract.extract_fwd_bwd_modules while entered so that each call fills `last`
     with the path it took and our extraction's phases (place, order, build seconds)."""
@@ -307,13 +294,13 @@ def time_torch(cap: JointCapture) -> float:
         return time.perf_counter() - t0
 
 
-def time_ours(cap: JointCapture, partition_fn, *, before: bool) -> tuple[float, object, dict]:
-    """Seconds of one call of our partition_fn on a fresh copy (with torch's passes when
-    `before`), its PartitionReport, and the extraction's path and phases."""
+def time_ours(cap: JointCapture, partition_fn) -> tuple[float, object, dict]:
+    """Seconds of one call of our partition_fn on a fresh copy, its PartitionReport, and the
+    extraction's path and phases."""
     from deepcompile_remat.partition import reports
 
     joint = copy.deepcopy(cap.joint)
-    with as_compile_calls_it(), torch_passes(before), ExtractTimes() as times:
+    with as_compile_calls_it(), ExtractTimes() as times:
         t0 = time.perf_counter()
         partition_fn(joint, [], num_fwd_outputs=cap.num_fwd_outputs,
                      static_lifetime_input_indices=cap.static_lifetime_input_indices)
@@ -327,13 +314,15 @@ def measure_speed(name: str, cap: JointCapture, reps: int, policy: str) -> list[
     from deepcompile_remat.config import RematConfig
     from deepcompile_remat.partition import build_partition_fn
 
-    ours_fn = build_partition_fn(RematConfig(policy=policy))
-    time_torch(cap), time_ours(cap, ours_fn, before=True), time_ours(cap, ours_fn, before=False)
+    # "before": the same cut with the passes ours replaced (torch's cleaning and extraction).
+    ours_fn = {before: build_partition_fn(RematConfig(policy=policy), torch_passes=before)
+               for before in (True, False)}
+    time_torch(cap), time_ours(cap, ours_fn[True]), time_ours(cap, ours_fn[False])
     torch_s, runs = [], {True: [], False: []}
     for _ in range(reps):
         torch_s.append(time_torch(cap))
         for before in (True, False):
-            runs[before].append(time_ours(cap, ours_fn, before=before))
+            runs[before].append(time_ours(cap, ours_fn[before]))
     med, ms = statistics.median, 1e3
     nodes = sum(1 for n in cap.joint.graph.nodes if n.op != "output")
     spread = lambda xs: (round(min(xs) * ms, 1), round(max(xs) * ms, 1))  # noqa: E731
@@ -392,14 +381,13 @@ def compile_once(name: str, kind: str, *, before: bool, tiny: bool = False) -> d
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return real(*args, **kwargs)
+            return real(*args, **{**kwargs, "torch_passes": before})
         finally:
             spent.append(time.perf_counter() - t0)
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(inductor_config.patch(fx_graph_cache=False))
         stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
-        stack.enter_context(torch_passes(before))
         partitioner.partition_joint_graph = timed  # build_partition_fn's closure looks it up
         stack.callback(setattr, partitioner, "partition_joint_graph", real)
         torch._dynamo.reset()

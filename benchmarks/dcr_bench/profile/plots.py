@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from deepcompile_remat.profile import results
-from deepcompile_remat.profile.setups import BUDGET_SETUP, SETUPS
+from dcr_bench.profile import results
+from dcr_bench.profile.setups import BUDGET_SETUP, SETUPS
 
 COLORS = {"unbucketed": "#7f7f7f", "baseline": "#d62728", "marking": "#1f77b4",
           "ours": "#2ca02c"}

@@ -46,7 +46,7 @@ from typing import Callable
 import torch
 from torch.profiler import record_function
 
-from deepcompile_remat.harness.workload import Workload, blocks, leaf_modules
+from dcr_bench.harness.workload import Workload, blocks, leaf_modules
 
 FWD_BWD = "dcr.peers.forward_backward"
 OPTIMIZER = "dcr.peers.optimizer"

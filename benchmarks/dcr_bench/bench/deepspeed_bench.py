@@ -40,7 +40,7 @@ SIZES = {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 512, "seq": 128, "ba
 
 def _workload(a: argparse.Namespace):
     """The Workload run() resolved from the model flags (a config.json's own sizes included)."""
-    from deepcompile_remat.harness.workload import Workload
+    from dcr_bench.harness.workload import Workload
 
     return Workload(**a.workload)
 
@@ -65,7 +65,7 @@ def ds_config(setup: str, a: argparse.Namespace) -> dict:
 def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
     os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
-    from deepcompile_remat.harness import memory
+    from dcr_bench.harness import memory
 
     exact = memory.exact_cpu_counter()  # before anything is allocated
     import torch
@@ -73,8 +73,8 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
     from torch.profiler import ProfilerActivity
 
     from deepcompile_remat.deepspeed import initialize
-    from deepcompile_remat.harness.models import hf_checkpointing_on
-    from deepcompile_remat.harness.workload import blocks
+    from dcr_bench.harness.models import hf_checkpointing_on
+    from dcr_bench.harness.workload import blocks
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -142,7 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds bench-deepspeed's flags (model, world, steps, precision, backend, setups) to
     `parser`."""
     parser.add_argument("--json", action="store_true")
-    from deepcompile_remat.harness.workload import add_model_arguments
+    from dcr_bench.harness.workload import add_model_arguments
 
     add_model_arguments(parser, SIZES)
     parser.add_argument("--world", type=int, default=2)
@@ -161,7 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Peak memory and step time per rank: stock DeepSpeed ZeRO-3 vs the flag on (CPU, gloo)."""
-    from deepcompile_remat.harness.ranks import free_port, spawn_for_rows
+    from dcr_bench.harness.ranks import free_port, spawn_for_rows
 
     try:
         import deepspeed  # noqa: F401
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import dataclasses
 
-    from deepcompile_remat.harness.workload import workload_from_args
+    from dcr_bench.harness.workload import workload_from_args
 
     w = workload_from_args(args, NAME, SIZES)
     args_dict = {k: v for k, v in vars(args).items() if k not in ("run", "command")}

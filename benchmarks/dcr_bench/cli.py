@@ -10,12 +10,12 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from deepcompile_remat.bench import budget as bench_budget
-from deepcompile_remat.bench import deepspeed_bench
-from deepcompile_remat.bench import partition as bench_partition
-from deepcompile_remat.bench import solver as bench_solver
-from deepcompile_remat.profile import command as profile_command
-from deepcompile_remat.profile import compare as compare_command
+from dcr_bench.bench import budget as bench_budget
+from dcr_bench.bench import deepspeed_bench
+from dcr_bench.bench import partition as bench_partition
+from dcr_bench.bench import solver as bench_solver
+from dcr_bench.profile import command as profile_command
+from dcr_bench.profile import compare as compare_command
 
 SUBCOMMANDS = {
     profile_command.NAME: (profile_command.add_arguments, profile_command.run),

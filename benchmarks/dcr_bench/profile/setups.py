@@ -88,7 +88,7 @@ def bucketed_partitions(observer: Optional[Callable] = None) -> Callable:
     buckets, as marking has them (Zero3Hooks.after_extract at prefetch distance 0), then shows
     it to `observer`. backends.backend calls on_partition after the partitioner returns and
     before either graph is compiled, so what is compiled is the bucketed pair."""
-    from deepcompile_remat.profile.partitions import parameter_names
+    from dcr_bench.profile.partitions import parameter_names
     from deepcompile_remat.zero3.hooks import Zero3Hooks
 
     hooks = Zero3Hooks(RematConfig(**_BUCKETS_NO_PREFETCH))

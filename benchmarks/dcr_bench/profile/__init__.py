@@ -4,7 +4,7 @@ The matrix {eager, inductor} x {autocast, bf16} x {unbucketed, baseline, marking
 built-in GPT (or a transformers model), sharded by ZeRO-3 over N local ranks (gloo on CPU, NCCL
 on GPU) or an emulated world (torch's fake process group); and `deepcompile-remat compare`, ours
 against FSDP2 and DeepSpeed. Modules, one job each (the model, the memory meter and the rank
-spawner are the harness's: deepcompile_remat/harness):
+spawner are the harness's: benchmarks/dcr_bench/harness):
 
   setups      the cells and the RematConfig of each setup (ours@B: --budgets, budget mode)
   partitions  what a partition saves for the backward, and the simulator's predicted peaks

@@ -14,7 +14,7 @@ import json
 import math
 from typing import Iterable, Optional
 
-from deepcompile_remat.profile.setups import (
+from dcr_bench.profile.setups import (
     BUDGET_HELP,
     BUDGET_SETUP,
     PRECISION_HELP,

@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 
-from deepcompile_remat.harness.workload import (Workload, add_model_arguments,
+from dcr_bench.harness.workload import (Workload, add_model_arguments,
                                                  workload_from_args)
 
 NAME = "compare"
@@ -71,8 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _step_figures(prof, device_type: str) -> dict:
     """At rest, step peak and forward+backward peak (absolute), and the collectives, from a
     profile of exactly one step."""
-    from deepcompile_remat.harness import memory
-    from deepcompile_remat.profile.peers import FWD_BWD
+    from dcr_bench.harness import memory
+    from dcr_bench.profile.peers import FWD_BWD
 
     tree = memory.event_tree(prof)
     events = memory.allocation_events(tree, device_type)
@@ -103,14 +103,14 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
     say = (_progress(f"[{peer} {precision}] ") if opts["progress"] and rank == 0
            else (lambda msg: None))
     log = _log_to_file(os.path.join(opts["log_dir"], f"{peer}-{precision}.rank{rank}.log"))
-    from deepcompile_remat.harness import memory
+    from dcr_bench.harness import memory
 
     exact = memory.exact_cpu_counter() if device_type == "cpu" else True  # before allocating
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity
 
-    from deepcompile_remat.profile.peers import PEERS, Unavailable
+    from dcr_bench.profile.peers import PEERS, Unavailable
 
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
     if device_type == "cuda":
@@ -262,7 +262,7 @@ def _mark_losses(folded: list) -> None:
 def render(folded: list, meta: dict) -> str:
     """The folded rows as the text table the terminal and table.txt show, headed by meta's
     title and definition."""
-    from deepcompile_remat.profile.results import unit_of
+    from dcr_bench.profile.results import unit_of
 
     scale, unit = unit_of([e["step_peak_bytes"] for e in folded])
     name = max([len("system")] + [len(e["peer"]) for e in folded])
@@ -304,7 +304,7 @@ def plot(folded: list, path: str, title: str):
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    from deepcompile_remat.profile.results import unit_of
+    from dcr_bench.profile.results import unit_of
 
     precisions = list(dict.fromkeys(e["precision"] for e in folded))
     scale, unit = unit_of([e["step_peak_bytes"] for e in folded])
@@ -335,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from deepcompile_remat.harness.ranks import free_port, spawn_for_rows
+    from dcr_bench.harness.ranks import free_port, spawn_for_rows
 
     if args.world < 1 or args.steps < 1 or args.warmup < 0:
         raise SystemExit("deepcompile-remat compare: --world and --steps >= 1, --warmup >= 0")

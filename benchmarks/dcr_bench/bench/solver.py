@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from deepcompile_remat.bench.joint_graphs import joint_graph_with_about
-from deepcompile_remat.bench.tables import format_table
+from dcr_bench.bench.joint_graphs import joint_graph_with_about
+from dcr_bench.bench.tables import format_table
 from deepcompile_remat.mincut import SplitNetwork, min_st_cut, split_network
 
 NAME = "bench-solver"

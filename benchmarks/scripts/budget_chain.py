@@ -23,7 +23,7 @@ Result (CPU, torch 2.13; units: one activation; BATCH=4, WIDTH=8):
 best peak = 2 sqrt(n) + 3 exactly; fitted exponent 0.417 raw, 0.500 after removing the
 backward's 3 activations of gradient temporaries (the same at every budget).
 
-    PYTHONPATH=. python3 benchmarks/budget_chain.py [--sizes 16 64 256]
+    PYTHONPATH=. python3 benchmarks/scripts/budget_chain.py [--sizes 16 64 256]
 """
 from __future__ import annotations
 

@@ -1,5 +1,0 @@
-import sys
-
-from deepcompile_remat.cli import main
-
-sys.exit(main())
