@@ -1,14 +1,17 @@
-"""The one bridge from FX graphs to the C++ core's arrays (csrc/graph, csrc/memsim).
+"""The one bridge from FX graphs to the C++ core's graphs (csrc/graph, csrc/memsim).
 
-Every array the native code reads is built here, the same way for the partitioner
-(partition/fx_export.py: the joint graph) and the ZeRO-3 schedule (zero3/: memory and bucket
-arrays, also read by profile/):
+Every graph the native code reads is built here, the same way for the partitioner
+(partition/fx_export.py: the joint graph, _C.JointGraph) and the ZeRO-3 schedule (zero3/: the
+memory graph, _C.MemoryGraph, and bucket arrays; also read by profile/). Both are bound C++
+classes built by keyword and read by attribute: an array is passed and read by its name,
+never by position.
 - node ids are FX order without the output node (a topological order);
 - an edge producer -> consumer per distinct input node, in the consumer's input order;
 - a value's bytes come from fx_values.value_bytes (symbolic sizes costed the same on every rank).
 
 What a node *is* for the cut (op class, flags, recompute tag) is the partitioner's business:
-export_joint_graph takes it as a function of the node.
+export_joint_graph takes it as a function of the node, whose NodeFacts fields are the
+JointGraph's per-node arrays by name.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import numpy as np
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from deepcompile_remat import _C
 from deepcompile_remat.fx_values import is_alias, value_bytes
 
 
@@ -46,23 +50,13 @@ def graph_arrays(gm: fx.GraphModule) -> GraphArrays:
                        np.asarray(heads, dtype=np.int64))
 
 
-class MemoryArrays(NamedTuple):
-    """A graph as csrc/memsim's MemoryGraph, plus its nodes; unpacks in this order."""
-    nodes: list
-    bytes: np.ndarray       # float64; 0 for aliases (they share their base's storage)
-    alias_of: np.ndarray    # int64: the base node's id, or -1
-    is_input: np.ndarray    # uint8: placeholders and module constants, alive before step 0
-    persistent: np.ndarray  # uint8: never freed (constants, the named inputs)
-    keep: np.ndarray        # uint8: graph outputs
-    edge_tails: np.ndarray  # int64
-    edge_heads: np.ndarray  # int64
-
-
-def memory_arrays(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,
-                  graph: Optional[GraphArrays] = None) -> MemoryArrays:
-    """`gm` as memsim arrays; inputs named in persistent_names (parameter shards: the module
-    holds them) are never freed. graph: graph_arrays(gm), if the caller already built it (for
-    its ids)."""
+def memory_graph(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,
+                 graph: Optional[GraphArrays] = None) -> _C.MemoryGraph:
+    """`gm` as csrc/memsim's MemoryGraph (node ids: graph's). Aliases allocate 0 bytes (they
+    share their base's storage); placeholders and module constants are inputs, alive before
+    step 0; inputs named in persistent_names (parameter shards: the module holds them) and
+    constants are never freed; graph outputs are kept. graph: graph_arrays(gm), if the caller
+    already built it (for its ids)."""
     persistent_names = set(persistent_names)
     graph = graph_arrays(gm) if graph is None else graph
     ids = graph.ids
@@ -82,8 +76,9 @@ def memory_arrays(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,
     out = gm.graph.find_nodes(op="output")[0]
     for x in out.all_input_nodes:
         keep[ids[x]] = 1
-    return MemoryArrays(graph.nodes, nbytes, alias_of, is_input, persistent, keep,
-                        graph.edge_tails, graph.edge_heads)
+    return _C.MemoryGraph(bytes=nbytes, alias_of=alias_of, is_input=is_input,
+                          persistent=persistent, keep=keep, edge_tails=graph.edge_tails,
+                          edge_heads=graph.edge_heads)
 
 
 def compatibility_keys(keys: list) -> np.ndarray:
@@ -96,7 +91,8 @@ def compatibility_keys(keys: list) -> np.ndarray:
 
 
 class NodeFacts(NamedTuple):
-    """What the cut needs to know of one joint-graph node (csrc/graph/joint_graph.h)."""
+    """What the cut needs to know of one joint-graph node (csrc/graph/joint_graph.h). Each
+    field is the _C.JointGraph array of that name: a new per-node array is a field here."""
     bytes: float
     op_class: int     # _C.OpClass
     flags: int        # _C.NodeFlag bits
@@ -104,24 +100,13 @@ class NodeFacts(NamedTuple):
     ac_graph_id: int  # -1: none
 
 
-@dataclass(frozen=True, slots=True)
-class ExportedJointGraph:
-    """The joint graph as csrc/graph's JointGraphView arrays, plus id -> node."""
-    nodes: list
-    bytes: np.ndarray        # float64
-    op_class: np.ndarray     # uint8
-    flags: np.ndarray        # uint32
-    recompute: np.ndarray    # int8
-    ac_graph_id: np.ndarray  # int64
-    edge_tails: np.ndarray
-    edge_heads: np.ndarray
-    fwd_outputs: np.ndarray  # int64 ids
-    bwd_outputs: np.ndarray
+class ExportedJointGraph(_C.JointGraph):
+    """The joint graph as the bound csrc/graph JointGraph (its arrays by attribute: bytes,
+    flags, edge_tails, ...; the C++ entry points take it as is), plus `nodes`: id -> FX node."""
 
-    def arrays(self) -> tuple:
-        """The arrays in _C.partition_joint_graph's argument order."""
-        return (self.bytes, self.op_class, self.flags, self.recompute, self.ac_graph_id,
-                self.edge_tails, self.edge_heads, self.fwd_outputs, self.bwd_outputs)
+    def __init__(self, nodes: list, **arrays):
+        super().__init__(**arrays)
+        self.nodes = nodes
 
 
 def output_nodes(gm: fx.GraphModule, num_fwd_outputs: int) -> tuple[list, list]:
@@ -135,22 +120,12 @@ def output_nodes(gm: fx.GraphModule, num_fwd_outputs: int) -> tuple[list, list]:
 
 def export_joint_graph(gm: fx.GraphModule, num_fwd_outputs: int,
                        describe: Callable[[fx.Node], NodeFacts]) -> ExportedJointGraph:
-    """The joint graph's arrays; describe(node) is called once per node, in id order."""
+    """The joint graph; describe(node) is called once per node, in id order."""
     graph = graph_arrays(gm)
     ids = graph.ids
-    n = len(graph.nodes)
-    nbytes = np.zeros(n, dtype=np.float64)
-    op_class = np.zeros(n, dtype=np.uint8)
-    flags = np.zeros(n, dtype=np.uint32)
-    recompute = np.zeros(n, dtype=np.int8)
-    ac_graph_id = np.full(n, -1, dtype=np.int64)
-    for i, node in enumerate(graph.nodes):
-        facts = describe(node)
-        nbytes[i], op_class[i], flags[i] = facts.bytes, facts.op_class, facts.flags
-        recompute[i], ac_graph_id[i] = facts.recompute, facts.ac_graph_id
+    facts = [describe(node) for node in graph.nodes]
+    per_node = {name: [getattr(f, name) for f in facts] for name in NodeFacts._fields}
     fwd, bwd = output_nodes(gm, num_fwd_outputs)
     return ExportedJointGraph(
-        graph.nodes, nbytes, op_class, flags, recompute, ac_graph_id,
-        graph.edge_tails, graph.edge_heads,
-        np.asarray([ids[x] for x in fwd], dtype=np.int64),
-        np.asarray([ids[x] for x in bwd], dtype=np.int64))
+        graph.nodes, **per_node, edge_tails=graph.edge_tails, edge_heads=graph.edge_heads,
+        fwd_outputs=[ids[x] for x in fwd], bwd_outputs=[ids[x] for x in bwd])

@@ -96,16 +96,17 @@ def min_st_cut(
     """
     if algorithm not in _ALGORITHMS:
         raise ValueError(f"algorithm must be one of {sorted(_ALGORITHMS)}, got {algorithm!r}")
-    value, flow_value, source_side, cut_arcs = _C.min_st_cut(
-        _index("num_nodes", num_nodes),
-        _int_array("tails", tails),
-        _int_array("heads", heads),
-        _float_array("capacities", capacities),
-        _index("source", source),
-        _index("sink", sink),
-        _ALGORITHMS[algorithm],
+    cut = _C.min_st_cut(
+        num_nodes=_index("num_nodes", num_nodes),
+        tails=_int_array("tails", tails),
+        heads=_int_array("heads", heads),
+        capacities=_float_array("capacities", capacities),
+        source=_index("source", source),
+        sink=_index("sink", sink),
+        algorithm=_ALGORITHMS[algorithm],
     )
-    return MinCut(value, source_side.astype(bool), cut_arcs, flow_value)
+    return MinCut(value=cut.value, source_side=cut.source_side.astype(bool),
+                  cut_arcs=cut.cut_arcs, flow_value=cut.flow_value)
 
 
 @dataclass(frozen=True)
@@ -128,15 +129,15 @@ def split_network(
     sink_nodes: ArrayLike,
 ) -> SplitNetwork:
     """Builds the node-split network of a graph whose nodes carry costs (see node_split.h)."""
-    return SplitNetwork(
-        *_C.split_network(
-            _float_array("node_costs", node_costs),
-            _int_array("edge_tails", edge_tails),
-            _int_array("edge_heads", edge_heads),
-            _int_array("source_nodes", source_nodes),
-            _int_array("sink_nodes", sink_nodes),
-        )
+    net = _C.split_network(
+        node_costs=_float_array("node_costs", node_costs),
+        edge_tails=_int_array("edge_tails", edge_tails),
+        edge_heads=_int_array("edge_heads", edge_heads),
+        source_nodes=_int_array("source_nodes", source_nodes),
+        sink_nodes=_int_array("sink_nodes", sink_nodes),
     )
+    return SplitNetwork(num_nodes=net.num_nodes, tails=net.tails, heads=net.heads,
+                        capacities=net.capacities, source=net.source, sink=net.sink)
 
 
 def min_node_cut(

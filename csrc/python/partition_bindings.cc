@@ -1,15 +1,14 @@
 // Binding of the rematerialization partition (csrc/partition) and the enums of its arrays
 // (csrc/graph/joint_graph.h, NodeInfoBit): Python uses these, never copies of their values. The
-// Python fx bridge (deepcompile_remat/fx_arrays.py, partition/fx_export.py) exports the joint
-// graph as these arrays.
+// Python fx bridge (deepcompile_remat/fx_arrays.py, partition/fx_export.py) builds the joint
+// graph (_C.JointGraph, graph_bindings.cc) from them.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "partition/remat_partition.h"
 #include "python/error_types.h"
-#include "python/joint_graph_arrays.h"
-#include "python/numpy_span.h"
+#include "python/bound_graphs.h"
 
 namespace py = pybind11;
 
@@ -70,28 +69,25 @@ void BindPartition(py::module_& m) {
       .value("PARAMETER_ALIAS", kParameterAlias)
       .value("RECOMPUTE_REQUESTED", kRecomputeRequested);
 
+  py::class_<PartitionResult> result(m, "PartitionResult",
+                                     "What partition_joint_graph decided (remat_partition.h).");
+  DefArray(result, "saved_nodes", &PartitionResult::saved_nodes,
+           "int64, ascending: the values the forward hands over.");
+  result.def_readonly("cut_cost", &PartitionResult::cut_cost,
+                      "Sum of the saved nodes' costs (penalties included).");
+  result.def_readonly("request_penalty", &PartitionResult::request_penalty,
+                      "P: the cost added for saving a PREFER_RECOMPUTE node.");
+  DefArray(result, "node_info", &PartitionResult::node_info, "uint8[n]: NodeInfoBit per node.");
+
   m.def(
       "partition_joint_graph",
-      [](const F64Array& bytes, const U8Array& op_class, const U32Array& flags,
-         const I8Array& recompute, const I64Array& ac_graph_id, const I64Array& edge_tails,
-         const I64Array& edge_heads, const I64Array& fwd_outputs, const I64Array& bwd_outputs,
-         RematPolicy policy, bool mark_parameter_aliases) {
-        const JointGraphView g =
-            ViewOfJointGraph(bytes, op_class, flags, recompute, ac_graph_id, edge_tails,
-                             edge_heads, fwd_outputs, bwd_outputs);
+      [](const BoundJointGraph& graph, RematPolicy policy, bool mark_parameter_aliases) {
         const PartitionOptions options{policy, mark_parameter_aliases};
-        PartitionResult r;
-        {
-          py::gil_scoped_release release;
-          r = PartitionJointGraph(g, options);
-        }
-        return py::make_tuple(ToNumpy(r.saved_nodes), r.cut_cost, ToNumpy(r.node_info));
+        py::gil_scoped_release release;
+        return PartitionJointGraph(graph.view, options);
       },
-      py::arg("bytes"), py::arg("op_class"), py::arg("flags"), py::arg("recompute"),
-      py::arg("ac_graph_id"), py::arg("edge_tails"), py::arg("edge_heads"),
-      py::arg("fwd_outputs"), py::arg("bwd_outputs"), py::arg("policy"),
-      py::arg("mark_parameter_aliases"),
-      "Min-cut rematerialization: returns (saved_nodes int64[k], cut_cost, node_info uint8[n]).");
+      py::arg("graph"), py::arg("policy"), py::arg("mark_parameter_aliases"),
+      "Min-cut rematerialization of a JointGraph: a PartitionResult.");
 }
 
 }  // namespace dcr::python

@@ -2,9 +2,10 @@
 
 The C++ side (csrc/partition/budget_cut.h) sweeps a parametric min-cut over the default cut's
 network and returns every vertex of the lower convex hull of (saved bytes, recompute cost);
-a budget then picks a point on that hull. This module feeds it the arrays fx_export builds
-plus a per-node recompute cost (a flops estimate, recompute_cost_of), and maps node ids back
-to FX nodes.
+a budget then picks a point on that hull. This module feeds it the joint graph fx_export builds
+(a _C.JointGraph) plus a per-node recompute cost (a flops estimate, recompute_cost_of), reads
+the C++ results (_C.CutPoint, _C.BudgetDecision, ...) by attribute, and maps node ids back to
+FX nodes.
 
     graph = fx_export.export_joint_graph(joint, num_fwd_outputs=k, ...)
     sweep = BudgetSweep(graph, policy="conservative")
@@ -152,35 +153,38 @@ class BudgetSweep:
         self.mark_parameter_aliases = mark_parameter_aliases
         cost = recompute_costs(graph) if recompute_cost is None else recompute_cost
         self.recompute_cost = np.ascontiguousarray(cost, dtype=np.float64)
-        self._solver = _C.BudgetSolver(*graph.arrays(), self.recompute_cost, POLICY[policy],
-                                       mark_parameter_aliases)
+        self._solver = _C.BudgetSolver(graph, recompute_cost=self.recompute_cost,
+                                       policy=POLICY[policy],
+                                       mark_parameter_aliases=mark_parameter_aliases)
 
-    def _point(self, raw) -> BudgetPoint:
-        nbytes, cost, saved, recomputed = raw
+    def _point(self, cut: _C.CutPoint) -> BudgetPoint:
         names = lambda ids: tuple(self.graph.nodes[i].name for i in ids)  # noqa: E731
-        return BudgetPoint(float(nbytes), float(cost), names(saved), names(recomputed),
-                           saved, recomputed)
+        return BudgetPoint(
+            saved_bytes=float(cut.saved_bytes), recompute_cost=float(cut.recompute_cost),
+            saved=names(cut.saved_nodes), recomputed=names(cut.recomputed_nodes),
+            saved_ids=cut.saved_nodes, recomputed_ids=cut.recomputed_nodes)
 
     def hull(self) -> list[BudgetPoint]:
         """Every vertex of the lower convex hull, saved bytes ascending (cost descending)."""
-        vertices, _ = self._solver.hull()
-        return [self._point(v) for v in vertices]
+        return [self._point(v) for v in self._solver.hull().vertices]
 
     def edge_lambdas(self) -> np.ndarray:
         """Slope of each hull edge: bytes saved per unit of recompute cost."""
-        return self._solver.hull()[1]
+        return self._solver.hull().edge_lambda
 
     def choose(self, budget_bytes: float) -> BudgetDecision:
         """The least-cost cut whose saved bytes fit budget_bytes (budget_cut.h, "Choice").
         Raises BudgetInfeasibleError (a ValueError; .min_bytes) below the smallest feasible."""
-        point, vertex, edge, hull_cost, gap = self._solver.choose(float(budget_bytes))
-        return BudgetDecision(self._point(point), float(budget_bytes), vertex, edge, hull_cost,
-                              gap)
+        d = self._solver.choose(float(budget_bytes))
+        return BudgetDecision(
+            point=self._point(d.point), budget_bytes=float(d.budget_bytes), vertex=d.vertex,
+            edge=d.edge, hull_cost_at_budget=d.hull_cost_at_budget,
+            optimality_gap=d.optimality_gap)
 
     def solve_at(self, lambda_: float) -> tuple[BudgetPoint, np.ndarray]:
         """Source-minimal min cut of bytes + lambda * cost, and its forward side per node."""
-        point, side = self._solver.solve_at(float(lambda_))
-        return self._point(point), side
+        cut = self._solver.solve_at(float(lambda_))
+        return self._point(cut.point), cut.forward_side
 
     @property
     def save_bytes(self) -> np.ndarray:
@@ -205,10 +209,10 @@ class BudgetSweep:
     def default_saved_bytes(self) -> float:
         """Saved bytes (1x, static inputs free) of the default cut under the same policy: what
         a fractional budget is a fraction of."""
-        saved, _, _ = _C.partition_joint_graph(*self.graph.arrays(), POLICY[self.policy],
-                                               self.mark_parameter_aliases)
+        cut = _C.partition_joint_graph(self.graph, policy=POLICY[self.policy],
+                                       mark_parameter_aliases=self.mark_parameter_aliases)
         save_bytes = self.save_bytes  # one copy out of C++, not one per saved node
-        return float(sum(save_bytes[i] for i in saved))
+        return float(sum(save_bytes[i] for i in cut.saved_nodes))
 
 
 def resolve_budget(memory_budget: float, default_saved_bytes: float) -> float:

@@ -177,9 +177,10 @@ def _decide(graph, config: RematConfig):
     mode's choice (partition/budget.py) when config.memory_budget is set."""
     try:
         if config.memory_budget is None:
-            saved_ids, _, node_info = _C.partition_joint_graph(
-                *graph.arrays(), budget.POLICY[config.policy], config.mark_parameter_aliases)
-            return saved_ids, node_info, None
+            cut = _C.partition_joint_graph(
+                graph, policy=budget.POLICY[config.policy],
+                mark_parameter_aliases=config.mark_parameter_aliases)
+            return cut.saved_nodes, cut.node_info, None
         saved_ids, node_info, decision, default_bytes = budget.decide(
             graph, memory_budget=config.memory_budget, policy=config.policy,
             mark_parameter_aliases=config.mark_parameter_aliases)

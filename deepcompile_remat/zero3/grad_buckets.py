@@ -46,10 +46,12 @@ def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
     if not candidates:
         return 0
     bucket_of = _C.bucket_reduce_scatters(
-        len(graph.nodes), graph.edge_tails, graph.edge_heads,
-        np.asarray([ids[n] for n in candidates], dtype=np.int64),
-        np.asarray([value_bytes(n.args[0].meta["val"]) for n in candidates], dtype=np.float64),
-        compatibility_keys([_reduce_scatter_key(n) for n in candidates]), float(bucket_bytes))
+        num_nodes=len(graph.nodes), edge_tails=graph.edge_tails, edge_heads=graph.edge_heads,
+        candidates=np.asarray([ids[n] for n in candidates], dtype=np.int64),
+        bytes=np.asarray([value_bytes(n.args[0].meta["val"]) for n in candidates],
+                         dtype=np.float64),
+        keys=compatibility_keys([_reduce_scatter_key(n) for n in candidates]),
+        budget_bytes=float(bucket_bytes))
     buckets = members_by_bucket(candidates, bucket_of)
     for members in buckets:
         last = members[-1]

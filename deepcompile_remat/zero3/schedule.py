@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.config import AsyncGathers, RematConfig
-from deepcompile_remat.fx_arrays import compatibility_keys, graph_arrays, memory_arrays
+from deepcompile_remat.fx_arrays import compatibility_keys, graph_arrays, memory_graph
 from deepcompile_remat.fx_values import is_alias
 from deepcompile_remat.zero3.bucketing import members_by_bucket, replace_with_bucket
 from deepcompile_remat.zero3.passes import gather_dtype, is_allgather_cast
@@ -67,8 +67,8 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
                      persistent_names: Iterable[str] = ()) -> ScheduleFigures:
     """Reorders and buckets `gm` in place as the C++ schedule decides; returns its figures.
     graph: the figures' tag ("fw" / "bw"); persistent_names: inputs that live anyway."""
-    exported = graph_arrays(gm)  # shared with memory_arrays: one node -> id map
-    arrays = memory_arrays(gm, persistent_names, graph=exported)
+    exported = graph_arrays(gm)  # shared with memory_graph: one node -> id map
+    memory = memory_graph(gm, persistent_names, graph=exported)
     nodes, ids = exported.nodes, exported.ids
     movable = np.zeros(len(nodes), dtype=np.uint8)
     is_gather = np.zeros(len(nodes), dtype=np.uint8)
@@ -83,12 +83,13 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
     gather_ids = np.flatnonzero(is_gather)
     gather_key = np.full(len(nodes), -1, dtype=np.int64)
     gather_key[gather_ids] = compatibility_keys([_gather_key(nodes[i]) for i in gather_ids])
-    input_order = np.flatnonzero(arrays.is_input == 0).astype(np.int64)
-    s = _C.schedule_regathers(*arrays[1:], input_order, movable, is_gather, gather_key,
-                              int(options.max_prefetch), float(options.budget_bytes),
-                              float(options.bucket_bytes))
+    input_order = np.flatnonzero(memory.is_input == 0).astype(np.int64)
+    s = _C.schedule_regathers(
+        memory, input_order=input_order, movable=movable, is_gather=is_gather,
+        gather_key=gather_key, max_prefetch=int(options.max_prefetch),
+        budget_bytes=float(options.budget_bytes), bucket_bytes=float(options.bucket_bytes))
     # Placeholders stay first; everything else follows the schedule.
-    anchor = [n for n in nodes if arrays.is_input[ids[n]]][-1] if arrays.is_input.any() else None
+    anchor = [n for n in nodes if memory.is_input[ids[n]]][-1] if memory.is_input.any() else None
     for i in s.order:
         node = nodes[i]
         if anchor is None:

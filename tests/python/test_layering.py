@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "_cuda": set(),
     "config": set(),
     "fx_values": set(),
-    "fx_arrays": {"fx_values"},
+    "fx_arrays": {"_C", "fx_values"},
     "mincut": {"_C"},
     "comm": {"_C", "_cuda"},
     "partition": {"_C", "config", "fx_arrays", "fx_values"},

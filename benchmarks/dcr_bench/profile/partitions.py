@@ -123,14 +123,15 @@ def _predicted(gm: fx.GraphModule, persistent: set, preexisting: set) -> float:
     """Simulated peak of `gm` minus the bytes of the inputs in `preexisting` (alive before the
     step)."""
     from deepcompile_remat import _C
-    from deepcompile_remat.fx_arrays import memory_arrays
+    from deepcompile_remat.fx_arrays import graph_arrays, memory_graph
 
-    nodes, nbytes, alias_of, is_input, pers, keep, tails, heads = memory_arrays(gm, persistent)
-    order = np.asarray([i for i in range(len(nodes)) if not is_input[i]], dtype=np.int64)
-    peak, _, _ = _C.simulate_memory(nbytes, alias_of, is_input, pers, keep, tails, heads, order)
-    before = sum(nbytes[i] for i, n in enumerate(nodes)
-                 if is_input[i] and alias_of[i] < 0 and n.name in preexisting)
-    return float(peak - before)
+    graph = graph_arrays(gm)
+    memory = memory_graph(gm, persistent, graph=graph)
+    order = np.flatnonzero(memory.is_input == 0).astype(np.int64)
+    timeline = _C.simulate_memory(memory, order=order)
+    before = sum(memory.bytes[i] for i, n in enumerate(graph.nodes)
+                 if memory.is_input[i] and memory.alias_of[i] < 0 and n.name in preexisting)
+    return float(timeline.peak_bytes - before)
 
 
 def analyze(fw: fx.GraphModule, bw: fx.GraphModule,
