@@ -10,7 +10,8 @@
 
 namespace dcr {
 
-// Only C-contiguous arrays of the exact dtype are accepted; the Python layer converts first.
+// C-contiguous arrays of the exact dtype; as arguments, pybind11 converts what numpy converts
+// without loss (safe casting) and refuses the rest with a TypeError.
 using I64Array = pybind11::array_t<int64_t, pybind11::array::c_style>;
 using F64Array = pybind11::array_t<double, pybind11::array::c_style>;
 using U8Array = pybind11::array_t<uint8_t, pybind11::array::c_style>;
