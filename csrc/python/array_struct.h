@@ -12,6 +12,8 @@
 // else TypeError naming the field. Every rule on the values stays in C++: the constructor calls
 // View::Validate() (std::invalid_argument -> ValueError, naming the array and index), and the
 // C++ entry points validate again, since a caller may still write to the arrays it passed in.
+// Cost: building a graph converts each array once (no copy where the dtype and layout already
+// match) and validates in O(n + m); reading an array back returns a view, never a copy.
 #pragma once
 
 #include <pybind11/numpy.h>
