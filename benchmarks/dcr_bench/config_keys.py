@@ -132,7 +132,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with open(args.write) as f:
         before = f.read()
-    after = replace_in(before)
+    try:
+        after = replace_in(before)
+    except ValueError as e:
+        raise SystemExit(f"deepcompile-remat config-keys: {args.write}: {e}") from None
     if after != before:
         with open(args.write, "w") as f:
             f.write(after)
