@@ -61,7 +61,7 @@ def test_profile_two_ranks(tmp_path, capsys):
     # the ranks run the same graphs, so they measure the same peaks (the allocator counts
     # gloo's threads too: no drift between ranks) up to one tensor that gloo's worker thread
     # may release a moment later on one rank; ours keeps no gathered weight for the backward
-    # and, under autocast, moves half the bytes of marking's fp32 gathers; the baseline's
+    # and, under autocast, moves half the bytes of regather's fp32 gathers; the baseline's
     # gathers are bucketed like ours (unbucketed: torch's partition without them).
     out = tmp_path / "out"
     assert cli.main(["profile", "--backends", "eager", "--precisions", "autocast", "--layers", "1",
@@ -71,7 +71,7 @@ def test_profile_two_ranks(tmp_path, capsys):
     assert "eager+autocast" in text and "Korthikanti" in text
     data = json.loads((out / "results.json").read_text())
     rows = data["rows"]
-    setups = ("unbucketed", "baseline", "marking", "ours")
+    setups = ("unbucketed", "baseline", "regather", "ours")
     assert sorted((r["setup"], r["rank"]) for r in rows) == sorted(
         (s, rank) for s in setups for rank in (0, 1))
     by = {(r["setup"], r["rank"]): r for r in rows}
@@ -85,8 +85,8 @@ def test_profile_two_ranks(tmp_path, capsys):
     for rank in (0, 1):
         assert by["baseline", rank]["saved_weight_bytes"] > 0
         assert by["ours", rank]["saved_weight_bytes"] == 0
-        ours, marking = by["ours", rank], by["marking", rank]
-        assert 0 < ours["gathered_bytes"] < 0.75 * marking["gathered_bytes"]
+        ours, regather = by["ours", rank], by["regather", rank]
+        assert 0 < ours["gathered_bytes"] < 0.75 * regather["gathered_bytes"]
         # The baseline is torch's partition with ours' collective buckets: the same bytes in
         # fewer gathers than without them.
         base, unbucketed = by["baseline", rank], by["unbucketed", rank]

@@ -140,7 +140,7 @@ def test_budgets_are_cells_after_the_setups():
     assert budget_cell.config() == type(budget_cell.config())(memory_budget=1)
     assert cells[1].config().memory_budget is None
     with pytest.raises(ValueError, match="budget runs the 'ours' setup"):
-        Cell("eager", "autocast", "marking", budget=0.5)
+        Cell("eager", "autocast", "regather", budget=0.5)
     with pytest.raises(ValueError, match=">= 0"):
         Cell("eager", "autocast", "ours", budget=-1.0)
 
