@@ -8,6 +8,8 @@ import pytest
 
 from dcr_bench import cli
 from dcr_bench.bench.joint_graphs import transformer_joint_graph
+from dcr_bench.profile import plots, results
+from dcr_bench.profile.setups import SETUP_HELP
 
 
 def test_bench_solver_table(capsys):
@@ -95,6 +97,27 @@ def test_profile_two_ranks(tmp_path, capsys):
     assert (out / "results.csv").read_text().count("\n") == len(rows) + 1
     for png in ("memory_timeline.png", "peaks.png"):
         assert (out / png).stat().st_size > 0
+    # The table says what its deltas compare and that lower is better, and what each setup is.
+    assert results.DELTA_MEANING in text and "lower is better" in text
+    for setup in setups:
+        assert f"  {setup:<11} {SETUP_HELP[setup]}" in text
+    assert "seed 003" not in text and "marking" not in text
+    # The timeline a person reads: phases named, axes labelled with units, a legend entry per
+    # setup it tells, what the forward keeps annotated.
+    fig = plots.timeline_figure(rows, data["meta"]["model"],
+                                parameters=data["meta"]["parameters"])
+    ax = fig.axes[0]
+    assert "progress through one training step" in ax.get_xlabel()
+    assert "allocated memory" in ax.get_ylabel() and "MB" in ax.get_ylabel()
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert [t.split(":")[0] for t in legend] == ["baseline", "regather", "ours"]
+    assert all("Peak" in t and " ms" in t for t in legend)
+    texts = [t.get_text() for t in ax.texts]
+    assert "forward" in texts and "backward" in texts
+    assert any(t.startswith("baseline keeps") and "gathered weights" in t for t in texts)
+    assert any(t.startswith("ours keeps") and "no gathered weight" in t for t in texts)
+    assert any(t.startswith("gradient shards (fp32, 1/2") for t in texts)
+    assert any("Flat stretches" in t.get_text() for t in fig.texts)
 
 
 def test_profile_rejects_a_run_without_ranks():

@@ -97,15 +97,24 @@ def high_water(x, y, width: float):
 
 def timelines(rows: list, path: str, title: str = "", rank: int = 0,
               parameters: Optional[int] = None) -> Optional[str]:
-    """memory_timeline.png at `path`: one cell (timeline_cell) on `rank`, the allocated memory
+    """memory_timeline.png at `path` (timeline_figure); returns the path, or None when there
+    is nothing to plot."""
+    fig = timeline_figure(rows, title, rank, parameters)
+    if fig is None:
+        return None
+    return _save(_plt(), fig, path, tight=False)
+
+
+def timeline_figure(rows: list, title: str = "", rank: int = 0,
+                    parameters: Optional[int] = None):
+    """The figure of memory_timeline.png, or None: one cell (timeline_cell) on `rank`, the allocated memory
     of baseline, regather and ours over one training step. The phases are shaded and named,
     each setup's forward and backward stretched to the same width (real durations in the
     legend). Per setup, a line of the highest memory in each 2% of a phase and, lighter, the
     band down to the lowest (what is held throughout; the band is what comes and goes: a
     gathered weight in use, temporaries). What the forward hands the backward and each peak
     are annotated, flat stretches explained below. With `parameters`, the gradient shards
-    held at the backward's end are annotated. Returns the path, or None when there is
-    nothing to plot."""
+    held at the backward's end are annotated."""
     import textwrap
 
     key = timeline_cell(rows, rank)
@@ -179,7 +188,7 @@ def timelines(rows: list, path: str, title: str = "", rank: int = 0,
     ]
     fig.text(0.07, 0.03, "\n".join(textwrap.fill(n, 150) for n in notes), fontsize=9,
              va="bottom", color="#222222")
-    return _save(plt, fig, path, tight=False)
+    return fig
 
 
 def _annotate_boundary(ax, by_setup: dict, scale: float, unit: str, top: float) -> None:
