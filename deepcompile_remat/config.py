@@ -44,8 +44,8 @@ class RematConfig:
 
     The code calls this the ZeRO-3 marking: the aliases are marked must-recompute."""
     parameter_indices: Optional[tuple[int, ...]] = None
-    """Which inputs of the compiled graph are parameters; null: found by the backend (leave
-    it so unless a custom partition_fn caller says otherwise).
+    """Which inputs of the compiled graph are parameters; null (the usual): found by the
+    backend.
 
     None: taken from the backend (nn.Parameter inputs) or, failing that, AOTAutograd's
     static_lifetime_input_indices. Indices count the joint graph's primals."""
@@ -88,10 +88,10 @@ class RematConfig:
     backend: Optional[BackendKind] = None
     """The torch.compile backend kind: "inductor" or "eager" (the partitioned FX graphs run
     as they are). null: "inductor" unless the caller picks one (deepcompile_remat.backend(kind),
-    or engine.compile(backend=...) on a DeepSpeed engine).
+    or engine.compile(backend=...) on a DeepSpeed engine). Set: what the DeepSpeed takeover
+    compiles with; a caller asking for the other kind is refused.
 
-    Set, it is what the DeepSpeed takeover compiles with, and a caller asking for another
-    kind is refused (backend(kind)) or not honoured (engine.compile)."""
+    Refused: backend(kind) raises; engine.compile(backend=...) warns and is not honoured."""
 
     def __post_init__(self) -> None:
         hints = _type_hints()
