@@ -23,6 +23,7 @@ LINE_STYLES = {"unbucketed": {"lw": 1.0, "ls": ":"}, "baseline": {"lw": 2.2, "ls
 PHASES = (("forward", 1.0, "#e8f0fa"), ("backward", 1.0, "#fbeee0"),
           ("grads\nfreed", 0.15, "#e4e4e4"))
 BINS_PER_UNIT = 50  # the line is the highest memory in each 2% of a phase
+END_SLIVER = 0.02  # x width of the step's end state after the last bin
 # The setups the timeline tells: unbucketed holds what baseline holds (it differs in how many
 # collectives it issues, which the table shows).
 TOLD = ("baseline", "regather", "ours")
@@ -117,6 +118,8 @@ def timeline_figure(rows: list, title: str = "", rank: int = 0,
     held at the backward's end are annotated."""
     import textwrap
 
+    import numpy as np
+
     key = timeline_cell(rows, rank)
     if key is None:
         return None
@@ -146,6 +149,10 @@ def timeline_figure(rows: list, title: str = "", rank: int = 0,
         x = phase_progress(tl["t_ms"], tl)
         edges, high = high_water(x, tl["bytes"], total)
         _, low = high_water(x, [-b for b in tl["bytes"]], total)
+        # A last sliver holds what is left when the step ends (the release frees everything
+        # within its final bin, whose highest value would otherwise end the line).
+        edges = np.append(edges, total + END_SLIVER)
+        high, low = np.append(high, tl["bytes"][-1]), np.append(low, -tl["bytes"][-1])
         color = COLORS[setup]
         ax.stairs(high / scale, edges, baseline=-low / scale, fill=True, color=color,
                   alpha=0.2, lw=0, zorder=2)
@@ -161,7 +168,7 @@ def timeline_figure(rows: list, title: str = "", rank: int = 0,
     _annotate_boundary(ax, by_setup, scale, unit, top)
     if parameters and key[0]:
         _annotate_gradients(ax, by_setup, key, parameters, scale, unit, top)
-    ax.set_xlim(0, total)
+    ax.set_xlim(0, total + END_SLIVER)
     ax.set_ylim(-0.3 * top, 1.4 * top)
     ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= 1.2 * top])  # below 0: annotations
     ax.set_xticks([0, 1, 2], ["step starts", "forward ends", "backward ends"])
