@@ -29,18 +29,26 @@ class RematConfig:
     the DeepSpeed takeover all read it. Fields are documented one by one below; construction
     checks every field (see the module docstring)."""
     enabled: bool = True
-    """False: the product is off. The backends compile with torch's own partitioner
-    (min_cut_rematerialization_partition), no ZeRO-3 marking, no graph passes, no reports;
-    what a DeepSpeed config with an absent or disabled block gets."""
+    """false: the product is off; the backends compile with torch's own partitioner and
+    nothing of ours runs (what a DeepSpeed config with an absent or disabled block gets).
+
+    Off means min_cut_rematerialization_partition, no ZeRO-3 marking, no graph passes, no
+    reports."""
     policy: Policy = "conservative"
     """conservative: recompute only fusible ops (pointwise, views, casts, cheap reductions).
     aggressive: recompute everything except random and compute-intensive ops. A checkpoint
     region's tags lift both for the ops they tag."""
     mark_parameter_aliases: bool = True
-    """ZeRO-3 marking: gathered, viewed and cast parameter aliases are never saved."""
+    """ZeRO-3: gathered weights (and their views and casts) are never saved for the backward,
+    which re-gathers them from the shard. false: they may be saved like activations.
+
+    The code calls this the ZeRO-3 marking: the aliases are marked must-recompute."""
     parameter_indices: Optional[tuple[int, ...]] = None
-    """Primal indices that are parameters; None: taken from the backend (nn.Parameter inputs)
-    or, failing that, AOTAutograd's static_lifetime_input_indices."""
+    """Which inputs of the compiled graph are parameters; null (the usual): found by the
+    backend.
+
+    None: taken from the backend (nn.Parameter inputs) or, failing that, AOTAutograd's
+    static_lifetime_input_indices. Indices count the joint graph's primals."""
     cast_before_gather: bool = True
     """ZeRO-3: a gather whose full-precision result is only downcast gathers the downcast
     shards instead (half the bytes; no fp32 full weight)."""
@@ -56,11 +64,12 @@ class RematConfig:
     backward, gradients of at most this many bytes share reduce-scatters of at most this many
     bytes in all. 0: no buckets."""
     async_gathers: AsyncGathers = "auto"
-    """Issue a gather the schedule moved ahead of its use as an async start/wait pair
-    (dcr::allgather_cast_start / dcr::allgather_cast_wait: the same cast into the slot and
-    in-place gather as every other gather, its collective left in flight in between) so
-    communication overlaps compute. "auto": only where the collective runs on its own stream
-    (NCCL); gloo on CPU shares the cores it would overlap with. "on" / "off": always / never.
+    """Issue a prefetched gather asynchronously, so communication overlaps compute. "auto":
+    only where the collective runs on its own stream (NCCL); "on" / "off": always / never.
+
+    The async pair is dcr::allgather_cast_start / dcr::allgather_cast_wait: the same cast into
+    the slot and in-place gather as every other gather, its collective left in flight in
+    between. "auto" leaves gloo synchronous: on CPU it shares the cores it would overlap with.
     Over gloo at most one gather is in flight at a time, a precaution kept from when gathers
     were torch's functional collectives, which corrupt the heap on gloo with two or more
     outstanding; the plain-API pattern the gathers use now (async_op=True) ran clean in the
@@ -77,11 +86,12 @@ class RematConfig:
     the RNG rules. A budget below the smallest any legal cut reaches raises
     BudgetInfeasibleError naming that smallest one."""
     backend: Optional[BackendKind] = None
-    """The torch.compile backend kind: "inductor" or "eager" (AOTAutograd, the partitioned FX
-    graphs run as they are). None: not fixed here; "inductor" unless the caller picks one
-    (deepcompile_remat.backend(kind), or engine.compile(backend=...) on a DeepSpeed engine).
-    Set, it is what the DeepSpeed takeover compiles with, and a caller asking for another
-    kind is refused (backend(kind)) or not honoured (engine.compile)."""
+    """The torch.compile backend kind: "inductor" or "eager" (the partitioned FX graphs run
+    as they are). null: "inductor" unless the caller picks one (deepcompile_remat.backend(kind),
+    or engine.compile(backend=...) on a DeepSpeed engine). Set: what the DeepSpeed takeover
+    compiles with; a caller asking for the other kind is refused.
+
+    Refused: backend(kind) raises; engine.compile(backend=...) warns and is not honoured."""
 
     def __post_init__(self) -> None:
         hints = _type_hints()

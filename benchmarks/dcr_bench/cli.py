@@ -14,6 +14,7 @@ from dcr_bench.bench import budget as bench_budget
 from dcr_bench.bench import deepspeed_bench
 from dcr_bench.bench import partition as bench_partition
 from dcr_bench.bench import solver as bench_solver
+from dcr_bench import config_keys
 from dcr_bench.profile import command as profile_command
 from dcr_bench.profile import compare as compare_command
 
@@ -24,6 +25,7 @@ SUBCOMMANDS = {
     bench_partition.NAME: (bench_partition.add_arguments, bench_partition.run),
     bench_budget.NAME: (bench_budget.add_arguments, bench_budget.run),
     deepspeed_bench.NAME: (deepspeed_bench.add_arguments, deepspeed_bench.run),
+    config_keys.NAME: (config_keys.add_arguments, config_keys.run),
 }
 
 

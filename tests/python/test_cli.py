@@ -8,6 +8,8 @@ import pytest
 
 from dcr_bench import cli
 from dcr_bench.bench.joint_graphs import transformer_joint_graph
+from dcr_bench.profile import plots, results
+from dcr_bench.profile.setups import SETUP_HELP
 
 
 def test_bench_solver_table(capsys):
@@ -61,7 +63,7 @@ def test_profile_two_ranks(tmp_path, capsys):
     # the ranks run the same graphs, so they measure the same peaks (the allocator counts
     # gloo's threads too: no drift between ranks) up to one tensor that gloo's worker thread
     # may release a moment later on one rank; ours keeps no gathered weight for the backward
-    # and, under autocast, moves half the bytes of marking's fp32 gathers; the baseline's
+    # and, under autocast, moves half the bytes of regather's fp32 gathers; the baseline's
     # gathers are bucketed like ours (unbucketed: torch's partition without them).
     out = tmp_path / "out"
     assert cli.main(["profile", "--backends", "eager", "--precisions", "autocast", "--layers", "1",
@@ -71,7 +73,7 @@ def test_profile_two_ranks(tmp_path, capsys):
     assert "eager+autocast" in text and "Korthikanti" in text
     data = json.loads((out / "results.json").read_text())
     rows = data["rows"]
-    setups = ("unbucketed", "baseline", "marking", "ours")
+    setups = ("unbucketed", "baseline", "regather", "ours")
     assert sorted((r["setup"], r["rank"]) for r in rows) == sorted(
         (s, rank) for s in setups for rank in (0, 1))
     by = {(r["setup"], r["rank"]): r for r in rows}
@@ -85,8 +87,8 @@ def test_profile_two_ranks(tmp_path, capsys):
     for rank in (0, 1):
         assert by["baseline", rank]["saved_weight_bytes"] > 0
         assert by["ours", rank]["saved_weight_bytes"] == 0
-        ours, marking = by["ours", rank], by["marking", rank]
-        assert 0 < ours["gathered_bytes"] < 0.75 * marking["gathered_bytes"]
+        ours, regather = by["ours", rank], by["regather", rank]
+        assert 0 < ours["gathered_bytes"] < 0.75 * regather["gathered_bytes"]
         # The baseline is torch's partition with ours' collective buckets: the same bytes in
         # fewer gathers than without them.
         base, unbucketed = by["baseline", rank], by["unbucketed", rank]
@@ -95,6 +97,27 @@ def test_profile_two_ranks(tmp_path, capsys):
     assert (out / "results.csv").read_text().count("\n") == len(rows) + 1
     for png in ("memory_timeline.png", "peaks.png"):
         assert (out / png).stat().st_size > 0
+    # The table says what its deltas compare and that lower is better, and what each setup is.
+    assert results.DELTA_MEANING in text and "lower is better" in text
+    for setup in setups:
+        assert f"  {setup:<11} {SETUP_HELP[setup]}" in text
+    assert "seed 003" not in text and "marking" not in text
+    # The timeline a person reads: phases named, axes labelled with units, a legend entry per
+    # setup it tells, what the forward keeps annotated.
+    fig = plots.timeline_figure(rows, data["meta"]["model"],
+                                parameters=data["meta"]["parameters"])
+    ax = fig.axes[0]
+    assert "progress through one training step" in ax.get_xlabel()
+    assert "allocated memory" in ax.get_ylabel() and "MB" in ax.get_ylabel()
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert [t.split(":")[0] for t in legend] == ["baseline", "regather", "ours"]
+    assert all("Peak" in t and " ms" in t for t in legend)
+    texts = [t.get_text() for t in ax.texts]
+    assert "forward" in texts and "backward" in texts
+    assert any(t.startswith("baseline keeps") and "gathered weights" in t for t in texts)
+    assert any(t.startswith("ours keeps") and "no gathered weight" in t for t in texts)
+    assert any(t.startswith("gradient shards (fp32, 1/2") for t in texts)
+    assert any("Flat stretches" in t.get_text() for t in fig.texts)
 
 
 def test_profile_rejects_a_run_without_ranks():

@@ -140,7 +140,7 @@ def test_budgets_are_cells_after_the_setups():
     assert budget_cell.config() == type(budget_cell.config())(memory_budget=1)
     assert cells[1].config().memory_budget is None
     with pytest.raises(ValueError, match="budget runs the 'ours' setup"):
-        Cell("eager", "autocast", "marking", budget=0.5)
+        Cell("eager", "autocast", "regather", budget=0.5)
     with pytest.raises(ValueError, match=">= 0"):
         Cell("eager", "autocast", "ours", budget=-1.0)
 
@@ -183,3 +183,27 @@ def test_profile_budgets(tmp_path, capsys):
     assert (out / "results.csv").read_text().count("\n") == len(rows) + 1
     assert "budget_saved_bytes" in (out / "results.csv").read_text().splitlines()[0]
     assert (out / "budgets.png").stat().st_size > 0
+
+
+def test_timeline_aligns_phases_and_keeps_every_peak():
+    """Guards against a memory_timeline.png that misleads: each setup's forward end must land
+    on the shared "forward ends" mark, and binning the line must never hide a peak (a buffer
+    alive for one event) nor invent memory that was never held."""
+    import numpy as np
+
+    from dcr_bench.profile import plots
+
+    timeline = {"t_ms": [0.0, 10.0, 30.0, 30.5, 40.0, 99.0, 100.0],
+                "bytes": [0.0, 5.0, 2.0, 9.0, 1.0, 0.0, 0.0],
+                "fw_end_ms": 30.0, "release_ms": 99.0, "step_end_ms": 100.0}
+    x = plots.phase_progress(timeline["t_ms"], timeline)
+    assert x[2] == pytest.approx(1.0) and x[5] == pytest.approx(2.0)
+    total = sum(w for _, w, _ in plots.PHASES)
+    assert x[-1] == pytest.approx(total)
+    edges, high = plots.high_water(x, timeline["bytes"], total)
+    assert high.max() == 9.0  # the 0.5 ms spike survives
+    assert edges[0] == 0 and edges[-1] == pytest.approx(total)
+    assert set(np.unique(high)) <= set(timeline["bytes"])
+    # An older results.json without the backward's end: a release of zero length.
+    old = {k: v for k, v in timeline.items() if k != "release_ms"}
+    assert plots.phase_edges(old) == (30.0, 100.0, 100.0)

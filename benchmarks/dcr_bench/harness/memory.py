@@ -102,6 +102,7 @@ class StepMemory:
     live_bytes: np.ndarray    # ... and total minus start_bytes after each event
     fw_end_ms: float          # when the forward ended (t_ms's clock)
     bw_end_ms: float          # when the step ended (gradients released)
+    release_ms: float = float("nan")  # when the backward ended and the release began
 
 
 def step_marks(tree, names=MARKS) -> dict:
@@ -163,7 +164,8 @@ def from_profile(prof, device_type: str = "cpu") -> StepMemory:
         bw_peak_bytes=float(max(live[~fw].max(), 0.0)) if (~fw).any() else 0.0,
         boundary_bytes=float(live[fw][-1]) if fw.any() else 0.0,
         t_ms=np.concatenate([[0.0], t]), live_bytes=np.concatenate([[0.0], live]),
-        fw_end_ms=(fw_end - t0) / 1e6, bw_end_ms=(bw_end - t0) / 1e6)
+        fw_end_ms=(fw_end - t0) / 1e6, bw_end_ms=(bw_end - t0) / 1e6,
+        release_ms=(marks[RELEASE][0] - t0) / 1e6)
 
 
 def downsample(t: np.ndarray, y: np.ndarray, points: int = 1500) -> tuple[list, list]:

@@ -1,6 +1,6 @@
 """Memory-profile experiments: `deepcompile-remat profile`.
 
-The matrix {eager, inductor} x {autocast, bf16} x {unbucketed, baseline, marking, ours} on a
+The matrix {eager, inductor} x {autocast, bf16} x {unbucketed, baseline, regather, ours} on a
 built-in GPT (or a transformers model), sharded by ZeRO-3 over N local ranks (gloo on CPU, NCCL
 on GPU) or an emulated world (torch's fake process group); and `deepcompile-remat compare`, ours
 against FSDP2 and DeepSpeed. Modules, one job each (the model, the memory meter and the rank

@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     with open(os.path.join(args.out, "table.txt"), "w") as f:
         f.write(text + "\n")
     made = [] if args.no_plots else plots.write_all(rows, folded, args.out,
-                                                     workload.describe(parameters))
+                                                     workload.describe(parameters), parameters)
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}))
     else:

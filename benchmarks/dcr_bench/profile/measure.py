@@ -131,7 +131,7 @@ def infeasible_row(cell: Cell, rank: int, world: int, device, emulated: bool,
     row.update(dict.fromkeys(MEASURED_FIELDS, float("nan")))
     row.update(peak_bytes_each_step=[], step_times_s=[], activation_bytes_per_block={},
                timeline={"t_ms": [], "bytes": [], "fw_end_ms": float("nan"),
-                         "step_end_ms": float("nan")})
+                         "release_ms": float("nan"), "step_end_ms": float("nan")})
     row.update(budget_figures(cell.budget, []))
     row.update(infeasible=True, min_budget_bytes=float(min_bytes))
     return row
@@ -246,7 +246,7 @@ def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world:
         **stats.as_dict(),
         **budget,
         "timeline": {"t_ms": t_ms, "bytes": live, "fw_end_ms": mem.fw_end_ms,
-                     "step_end_ms": mem.bw_end_ms},
+                     "release_ms": mem.release_ms, "step_end_ms": mem.bw_end_ms},
     }
     del run, model, step, recorder, measured
     gc.collect()

@@ -40,7 +40,8 @@ STEP_DEFINITION = (
 def korthikanti_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int,
                                 dropout: bool = False) -> float:
     """Activation bytes one transformer layer keeps for the backward with 16-bit activations
-    (Korthikanti et al. 2022, seed 003): attention 11sbh + 5as^2b, MLP 19sbh, two layer norms
+    (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+    section 4): attention 11sbh + 5as^2b, MLP 19sbh, two layer norms
     4sbh, i.e. sbh(34 + 5as/h). Without dropout the three masks go (sbh + sbh + as^2b) and
     attention-over-values reads the softmax output that the softmax backward keeps anyway
     (2as^2b fewer): sbh(32 + 2as/h)."""
@@ -109,9 +110,15 @@ def config_groups(folded: dict) -> list:
     return seen
 
 
+DELTA_MEANING = ("delta = (ours - baseline) / baseline: ours' relative change against torch's "
+                 "partitioner with the same collective buckets; negative = less time or memory "
+                 "than the baseline; lower is better")
+
+
 def main_table(folded: dict) -> str:
     """#7609's layout: per backend+precision, every setup's time and memory, and the delta of
-    ours against the baseline."""
+    ours against the baseline (DELTA_MEANING, printed under the table with what each setup
+    is)."""
     scale, unit = unit_of(c["peak_bytes"] for c in folded.values())
     setups = [s for s in SETUPS if any(k[4] == s for k in folded)]
     w = {s: max(8, len(s)) for s in setups}
@@ -119,7 +126,7 @@ def main_table(folded: dict) -> str:
     width = len(head) + 8
     memory_title = f"peak memory per rank ({unit})"
     lines = [f"{'':<24} {'step time (s)':^{width}}   {memory_title:^{width}}",
-             f"{'config':<24} {head} {'delta':>7}   {head} {'delta':>7}"]
+             f"{'backend+precision':<24} {head} {'delta':>7}   {head} {'delta':>7}"]
     for world, emulated, backend, precision in config_groups(folded):
         get = {s: folded.get((world, emulated, backend, precision, s)) for s in setups}
         times = " ".join(f"{get[s]['step_s']:>{w[s]}.3f}"
@@ -133,6 +140,9 @@ def main_table(folded: dict) -> str:
         name = f"{backend}+{precision}" + (f" (w{world}{', emulated' if emulated else ''})"
                                           if _several_worlds(folded) else "")
         lines.append(f"{name:<24} {times} {dt:>7}   {mems} {dm:>7}")
+    lines.append(DELTA_MEANING + ".")
+    lines.append("setups:")
+    lines += [f"  {s:<11} {SETUP_HELP[s]}" for s in setups]
     return "\n".join(lines)
 
 
@@ -208,7 +218,8 @@ def budget_table(folded: dict) -> str:
              f"graphs), max over ranks. budget, saved: {unit} the cut may / does save for the "
              f"backward (default: what the ordinary cut saves); recompute: {funit} the backward "
              f"recomputes, gap: at most this far from the least recompute within the budget; "
-             f"fw end: {unit} alive when the forward ends; deltas against {BUDGET_SETUP}",
+             f"fw end: {unit} alive when the forward ends; delta = ({BUDGET_SETUP}@B - "
+             f"{BUDGET_SETUP}) / {BUDGET_SETUP}, lower is better",
              f"{'config':<24} {'setup':<12} {'budget':>8} {'saved':>8} {'default':>8} "
              f"{'recompute':>9} {'gap':>8} {'fw end':>8} {'peak':>8} {'delta':>7} "
              f"{'step s':>7} {'delta':>7}"]
@@ -246,20 +257,21 @@ def budget_table(folded: dict) -> str:
 
 
 def footer(folded: dict, meta: dict) -> str:
-    """Definitions of the step, the setups and precisions; the activation formula beside the
-    baseline's measured saved activations; warnings."""
+    """Definitions of the step and the precisions (the setups are under the main table); the
+    activation formula beside the baseline's measured saved activations; warnings."""
     size = meta["size"]
     s, b, h, a = size["seq"], size["batch"], size["hidden"], size["heads"]
     formula = korthikanti_bytes_per_layer(s, b, h, a)
     scale, unit = (2**20, "MB") if formula < 2**30 else (2**30, "GB")
     lines = [
         STEP_DEFINITION,
-        "setups: " + "; ".join(f"{k} = {v}" for k, v in SETUP_HELP.items())
-        + (f"; {BUDGET_SETUP}@B = {BUDGET_HELP}" if any(is_budget_label(k[4]) for k in folded)
-           else "") + ".",
+        *([f"{BUDGET_SETUP}@B = {BUDGET_HELP}."] if any(is_budget_label(k[4]) for k in folded)
+          else []),
         "precisions: " + "; ".join(f"{k} = {v}" for k, v in PRECISION_HELP.items()) + ".",
-        f"Activations per layer, Korthikanti et al. (seed 003), no dropout, 16-bit: "
-        f"sbh(32 + 2as/h) = {formula / scale:.3f} {unit} (s={s}, b={b}, h={h}, a={a}); "
+        f"Activations a transformer layer keeps, as Korthikanti et al. 2022 count them "
+        f"(\"Reducing Activation Recomputation in Large Transformer Models\"), no dropout, "
+        f"16-bit: "
+        f"sbh(32 + 2as/h) = {formula / scale:.3f} {unit} (seq s={s}, batch b={b}, hidden h={h}, heads a={a}); "
         "with dropout sbh(34 + 5as/h) = "
         f"{korthikanti_bytes_per_layer(s, b, h, a, dropout=True) / scale:.3f} {unit}.",
     ]

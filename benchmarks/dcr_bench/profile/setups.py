@@ -12,21 +12,22 @@ setups
   baseline    torch's partitioner, with the runtime's collective buckets on its forward and
               backward graphs: gathered weights look like activations and are saved for the
               backward
-  marking     our min-cut with the ZeRO-3 marking (the setup of DeepSpeed PR #7609): gathered,
-              viewed and cast weights are never saved, the backward re-gathers them; fp32
-              gather then cast; the same buckets, no prefetch
-  ours        marking + cast-before-gather (half the bytes on the wire, no fp32 full weight) +
+  regather    our min-cut, never saving a gathered weight (mark_parameter_aliases, "the ZeRO-3
+              marking" in the code; the setup of DeepSpeed PR #7609): gathered, viewed and cast
+              weights are never saved, the backward gathers them again; fp32 gather then cast;
+              the same buckets, no prefetch
+  ours        regather + cast-before-gather (half the bytes on the wire, no fp32 full weight) +
               prefetch (each re-gather issued up to max_prefetch ops before its first use,
               within the memory budget); RematConfig's defaults
   ours@B      ours in memory-budget mode, RematConfig(memory_budget=B) (`profile --budgets`):
               B <= 1 a fraction of the bytes the ordinary cut saves, > 1 bytes per graph; the
               cut then recomputes the fewest flops that keep the saved bytes within B
-The buckets come with the re-gather schedule: baseline and marking run it at prefetch
+The buckets come with the re-gather schedule: baseline and regather run it at prefetch
 distance 0, which keeps each gather just before its first use, where the traced forward and
 the backward's extraction (torch's reordering_to_mimic_autograd_engine) already place it.
 precisions
   autocast  fp32 parameters (shards), bf16 compute under torch.autocast
-  bf16      bf16 parameters: no cast, so marking and ours differ by the prefetch only
+  bf16      bf16 parameters: no cast, so regather and ours differ by the prefetch only
 backends
   config.BACKEND_KINDS: eager (AOTAutograd, the partitioned FX graphs run as they are) and
   inductor (torch.compile's default compiler)
@@ -39,18 +40,23 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from deepcompile_remat.config import BACKEND_KINDS, RematConfig
 
-SETUPS = ("unbucketed", "baseline", "marking", "ours")
+SETUPS = ("unbucketed", "baseline", "regather", "ours")
 PRECISIONS = ("autocast", "bf16")
 
+# What each setup is, in plain words (the table's legend, the timeline's legend).
 SETUP_HELP = {
-    "unbucketed": "torch's partitioner, nothing of ours (a collective per parameter)",
-    "baseline": "torch's partitioner + our collective buckets",
-    "marking": "min-cut + marking, fp32 gather then cast, buckets (PR #7609)",
-    "ours": "marking + cast-before-gather + prefetch, buckets",
+    "unbucketed": "torch's partitioner alone: it saves gathered weights for the backward; one "
+                  "collective per parameter",
+    "baseline": "torch's partitioner with our collective buckets: it saves gathered weights "
+                "for the backward",
+    "regather": "our min-cut: gathered weights never saved, the backward gathers them again "
+                "(fp32 gather, then cast; DeepSpeed PR #7609's setup); same buckets",
+    "ours": "regather + cast to bf16 before the gather (half the bytes, no fp32 full weight) "
+            "+ prefetch; same buckets",
 }
 PRECISION_HELP = {
-    "autocast": "fp32 params, bf16 compute (autocast)",
-    "bf16": "bf16 params (no cast: marking vs ours = prefetch only)",
+    "autocast": "fp32 parameters, bf16 compute under torch.autocast",
+    "bf16": "bf16 parameters (nothing to cast: regather and ours differ by the prefetch only)",
 }
 
 BUDGET_SETUP = "ours"  # the setup --budgets runs in budget mode
@@ -76,7 +82,7 @@ def remat_config(setup: str) -> RematConfig:
     """The RematConfig a setup compiles with (baseline's buckets: see bucketed_partitions)."""
     if setup in ("unbucketed", "baseline"):
         return RematConfig(enabled=False)
-    if setup == "marking":
+    if setup == "regather":
         return RematConfig(**_BUCKETS_NO_PREFETCH)
     if setup == "ours":
         return RematConfig()
@@ -85,7 +91,7 @@ def remat_config(setup: str) -> RematConfig:
 
 def bucketed_partitions(observer: Optional[Callable] = None) -> Callable:
     """An on_partition for torch's partitioner: gives each (fw, bw) pair the runtime's collective
-    buckets, as marking has them (Zero3Hooks.after_extract at prefetch distance 0), then shows
+    buckets, as regather has them (Zero3Hooks.after_extract at prefetch distance 0), then shows
     it to `observer`. backends.backend calls on_partition after the partitioner returns and
     before either graph is compiled, so what is compiled is the bucketed pair."""
     from dcr_bench.profile.partitions import parameter_names
