@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 from deepcompile_remat.config import RematConfig, check_ranks_agree
 from deepcompile_remat.deepspeed.config import BLOCK, load, parse_block
@@ -208,11 +208,3 @@ def _attach(engine, remat: RematConfig, deepcompile_on: bool) -> None:
 
     engine.dcr_takeover = take_over(engine, remat)
 
-
-def requested_kind(backend: Any) -> Optional[str]:
-    """Our backend kind for what engine.compile(backend=...) names: "inductor" is inductor,
-    "eager" and "aot_eager" (AOTAutograd, FX graphs run as they are) are our eager; anything
-    else (a callable, cudagraphs, ...) has no counterpart: None."""
-    if isinstance(backend, str):
-        return {"inductor": "inductor", "eager": "eager", "aot_eager": "eager"}.get(backend)
-    return None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -120,6 +121,15 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
     return hook
 
 
+def requested_kind(backend: Any) -> Optional[str]:
+    """Our backend kind for what engine.compile(backend=...) names: "inductor" is inductor,
+    "eager" and "aot_eager" (AOTAutograd, FX graphs run as they are) are our eager; anything
+    else (a callable, cudagraphs, ...) has no counterpart: None."""
+    if isinstance(backend, str):
+        return {"inductor": "inductor", "eager": "eager", "aot_eager": "eager"}.get(backend)
+    return None
+
+
 def _engine_compile(takeover: Takeover, compile_forward):
     """engine.compile on a taken-over engine (what Trainer/Accelerate call for torch_compile):
     the module is compiled already, with our backend. A request for another backend is
@@ -128,8 +138,6 @@ def _engine_compile(takeover: Takeover, compile_forward):
     why."""
 
     def compile(backend=None, compile_kwargs=None, **_ignored):  # noqa: A001
-        from deepcompile_remat.deepspeed.engine import requested_kind
-
         kind = requested_kind(backend) if backend is not None else takeover.kind
         if kind == takeover.kind:
             log.info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
