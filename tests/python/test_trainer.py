@@ -194,3 +194,48 @@ def test_install_is_idempotent_reversible_and_never_recurses(monkeypatch):
             assert deepspeed.initialize is fake_stock and not dcr_ds.installed()
     finally:
         deepspeed.initialize = stock
+
+
+def test_install_warns_about_callers_it_cannot_reach(monkeypatch, caplog):
+    """Silent bug guarded: a `from deepspeed import initialize` made before install() (or
+    another library's patch of deepspeed.initialize, which install() replaces) bypassed the
+    block without a word."""
+    import sys
+    import types
+
+    import deepspeed
+
+    import deepcompile_remat.deepspeed as dcr_ds
+    from deepcompile_remat.deepspeed import engine
+
+    stock = engine.stock_initialize()
+    early = types.ModuleType("user_train_script")
+    early.initialize = stock  # `from deepspeed import initialize`, before install()
+    monkeypatch.setitem(sys.modules, "user_train_script", early)
+    try:
+        with caplog.at_level(logging.WARNING, logger="deepcompile_remat"):
+            dcr_ds.install()
+        assert dcr_ds.installed()
+        held = [r.getMessage() for r in caplog.records if "user_train_script.initialize" in
+                r.getMessage()]
+        assert held and "bypass" in held[0], caplog.text
+        dcr_ds.uninstall()
+        del sys.modules["user_train_script"]
+        caplog.clear()
+
+        def other_patch(**kwargs):
+            return stock(**kwargs)
+
+        deepspeed.initialize = other_patch
+        with caplog.at_level(logging.WARNING, logger="deepcompile_remat"):
+            dcr_ds.install()
+        assert any("other_patch" in r.getMessage() and "will not run" in r.getMessage()
+                   for r in caplog.records), caplog.text
+        dcr_ds.uninstall()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="deepcompile_remat"):
+            dcr_ds.install()  # nothing held elsewhere: silent
+        assert not caplog.records, caplog.text
+    finally:
+        dcr_ds.uninstall()
+        deepspeed.initialize = stock
