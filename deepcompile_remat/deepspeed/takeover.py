@@ -153,8 +153,9 @@ def _engine_compile(takeover: Takeover, compile_forward):
 
     def compile(backend=None, compile_kwargs=None, **_ignored):  # noqa: A001
         kind = requested_kind(backend) if backend is not None else takeover.kind
+        info = log.info if dist.get_rank() == 0 else log.debug  # one line per job
         if kind == takeover.kind:
-            log.info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
+            info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
                      "with deepcompile_remat's %s backend already", backend, kind)
         elif takeover.remat.backend is not None:
             log.warning("deepcompile_remat: engine.compile(backend=%r) not honoured: the "
@@ -168,10 +169,10 @@ def _engine_compile(takeover: Takeover, compile_forward):
                         backend, takeover.kind)
         else:
             compile_forward(kind)
-            log.info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
+            info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
                      "with deepcompile_remat's %s backend", backend, kind)
         if compile_kwargs:
-            log.info("deepcompile_remat: engine.compile's compile_kwargs %s are not used",
+            info("deepcompile_remat: engine.compile's compile_kwargs %s are not used",
                      sorted(compile_kwargs))
 
     return compile

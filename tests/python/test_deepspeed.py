@@ -300,6 +300,60 @@ def test_config_from_a_file_in_args_or_config_params(tmp_path):
             initialize(model=GPT(), **kwargs)
 
 
+# --- the shipped configs --------------------------------------------------------------------------
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs")
+
+
+def test_shipped_configs_say_what_they_are_for():
+    """Before: the shipped configs had fixed batch sizes and bf16 that clash with Trainer's own
+    arguments, and no 16-bit gather on save (save_model wrote no weights). Every file is listed
+    in configs/README.md; the trainer_* ones leave Trainer's values "auto" and "backend" unset;
+    all gather the full weights on save and parse."""
+    from deepcompile_remat.deepspeed import config_from_deepspeed
+    from deepcompile_remat.deepspeed.config import load
+
+    with open(os.path.join(CONFIGS, "README.md")) as f:
+        listed = f.read()
+    names = sorted(n for n in os.listdir(CONFIGS) if n.endswith(".json"))
+    assert len(names) == 4, names
+    for name in names:
+        assert f"`{name}`" in listed, f"configs/README.md does not say what {name} is for"
+        cfg, _ = load(os.path.join(CONFIGS, name))
+        remat = config_from_deepspeed(cfg)
+        assert remat.enabled and cfg["zero_optimization"]["stage"] == 3
+        assert cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+        for_trainer = name.startswith("trainer_")
+        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                    "gradient_clipping"):
+            assert (cfg[key] == "auto") == for_trainer, (name, key)
+        assert (remat.backend is None) == for_trainer, name
+        if "bf16" in cfg and for_trainer and "torch_autocast" not in cfg:
+            assert cfg["bf16"]["enabled"] == "auto", name
+
+
+def _shipped_own_loop_configs(rank, world):
+    rank_env(rank, world)
+    from deepcompile_remat.deepspeed import initialize
+
+    for name in ("zero3_remat.json", "zero3_remat_autocast.json"):
+        model = GPT(layers=1)
+        engine, *_ = initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                                config=os.path.join(CONFIGS, name))
+        assert engine.dcr_takeover is not None and engine.dcr_takeover.kind == "inductor", name
+        assert engine.zero_gather_16bit_weights_on_model_save(), name
+        assert repr(engine.dcr_takeover) == (
+            f"Takeover(backend='inductor', parameters={len(list(model.parameters()))}, "
+            f"released_bytes={engine.dcr_takeover.released_bytes})")
+
+
+def test_shipped_own_loop_configs_take_over_as_they_are():
+    """The configs for a loop of one's own are accepted by DeepSpeed and taken over unchanged
+    (compiling is left to the other tests: inductor's C++ build is minutes here)."""
+    run_ranks(_shipped_own_loop_configs, 2)
+
+
 # --- reading configs as DeepSpeed does; ranks that disagree --------------------------------------
 
 _HJSON = """{
