@@ -156,7 +156,7 @@ def _engine_compile(takeover: Takeover, compile_forward):
         info = log.info if dist.get_rank() == 0 else log.debug  # one line per job
         if kind == takeover.kind:
             info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
-                     "with deepcompile_remat's %s backend already", backend, kind)
+                 "with deepcompile_remat's %s backend already", backend, kind)
         elif takeover.remat.backend is not None:
             log.warning("deepcompile_remat: engine.compile(backend=%r) not honoured: the "
                         "\"deepcompile_remat\" block sets \"backend\": %r, which compiles the "
@@ -170,10 +170,10 @@ def _engine_compile(takeover: Takeover, compile_forward):
         else:
             compile_forward(kind)
             info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
-                     "with deepcompile_remat's %s backend", backend, kind)
+                 "with deepcompile_remat's %s backend", backend, kind)
         if compile_kwargs:
             info("deepcompile_remat: engine.compile's compile_kwargs %s are not used",
-                     sorted(compile_kwargs))
+                 sorted(compile_kwargs))
 
     return compile
 
