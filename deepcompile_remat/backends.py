@@ -12,12 +12,15 @@ the ZeRO-3 marking protects, unless the config names them explicitly.
 right after each joint graph is partitioned and before the two graphs are compiled (inductor
 rewrites them in place afterwards), whichever partitioner runs: ours, or torch's when the config
 is disabled. The measurements (``deepcompile-remat profile``) read the saved values and predict
-peaks there. Under inductor, a cache hit skips partitioning, so nothing is observed: turn
-``torch._inductor.config.fx_graph_cache`` and ``torch._functorch.config.enable_autograd_cache``
-off where every partition must be seen.
+peaks there. Under inductor, an AOTAutograd cache hit skips partitioning, so on_partition sees
+nothing: turn ``torch._inductor.config.fx_graph_cache`` and
+``torch._functorch.config.enable_autograd_cache`` off where every partition must be seen. The
+PartitionReports survive such a hit (partition/report_cache.py): reports() gets the ones
+recorded when the cache entry was written, marked from_cache.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -28,7 +31,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from deepcompile_remat.config import RematConfig
-from deepcompile_remat.partition import partitioner
+from deepcompile_remat.partition import partitioner, report_cache
 from deepcompile_remat.zero3.hooks import Zero3Hooks
 
 
@@ -179,7 +182,10 @@ def _inductor_backend(config: RematConfig, on_partition: Optional[Callable] = No
         # Off but observed: torch's min-cut behind the hook, so on_partition sees its graphs.
         partitioner = RematPartitioner(config, _parameters(config, example_inputs),
                                        len(example_inputs), on_partition, example_inputs)
-        with torch._inductor.config.patch(custom_partitioner_fn=partitioner):
+        kept = (report_cache.surviving_cache_hits(
+            report_cache.key_of(partitioner.uuid(), gm, example_inputs), config.keep_reports)
+            if config.enabled else contextlib.nullcontext())
+        with torch._inductor.config.patch(custom_partitioner_fn=partitioner), kept:
             return compile_fx(gm, example_inputs)
 
     return compile_fn

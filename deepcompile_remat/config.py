@@ -10,6 +10,7 @@ field, what it takes and what it got.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -107,7 +108,8 @@ class RematConfig:
         known = field_names()
         for key in block:
             if key not in known:
-                raise ValueError(f"{where}: unknown key {key!r}; valid keys: {sorted(known)}")
+                raise ValueError(f"{where}: unknown key {key!r}{_did_you_mean(key, known)}; "
+                                 f"valid keys: {sorted(known)}")
         try:
             return cls(**block)
         except ValueError as e:
@@ -134,6 +136,14 @@ class RematConfig:
 def field_names() -> frozenset:
     """The keys RematConfig (and so the ds_config block) takes."""
     return frozenset(f.name for f in dataclasses.fields(RematConfig))
+
+
+def _did_you_mean(key: Any, known) -> str:
+    """' (did you mean 'x'?)' for the valid key closest to a misspelt one, else ''."""
+    if not isinstance(key, str):
+        return ""
+    close = difflib.get_close_matches(key.lower(), sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 _HINTS: dict = {}

@@ -3,7 +3,8 @@
     engine, *_ = deepcompile_remat.deepspeed.initialize(model=model, optimizer=opt,
                                                         config="configs/zero3_remat.json")
 
-config.py      the "deepcompile_remat" block -> RematConfig: config_from_deepspeed; load()
+config.py      the "deepcompile_remat" block -> RematConfig: config_from_deepspeed; load();
+               a misnamed/misplaced block refused; what the takeover does not implement
 engine.py      initialize(): deepspeed.initialize, then the takeover when the block is enabled;
                install() / uninstall(): every caller of deepspeed.initialize gets ours
 takeover.py    ZeRO-3 parameters as our traced gathers, gradients into DeepSpeed's partitions

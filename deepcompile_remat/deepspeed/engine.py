@@ -4,14 +4,21 @@
         model=model, optimizer=opt, config="configs/zero3_remat.json")
     loss = engine(batch); engine.backward(loss); engine.step(); engine.save_checkpoint(dir)
 
-Block absent or disabled: deepspeed.initialize(...) with the arguments as given. Enabled: ZeRO
-stage 3 is required (an error otherwise, before any engine is built); the block is removed from
-the config DeepSpeed sees; then either
+Block absent or disabled: deepspeed.initialize(...) with the arguments as given (a block
+misnamed or misplaced, "deepcompile-remat" or nested in "zero_optimization", is an error either
+way). Enabled: ZeRO stage 3 is required, and what the takeover does not implement (offload, hpZ,
+MiCS, ...) is refused, both from the config before any engine is built; the block is removed
+from the config DeepSpeed sees; then either
   - DeepCompile off: take_over() (takeover.py) puts the engine's parameters under our traced
     gathers and compiles the module with our backend, or
   - DeepCompile on (CUDA only): DeepCompile runs ZeRO-3 and we replace its partitioner
     (deepcompile.py); the engine is compiled with the block's backend.
-The returned tuple is deepspeed.initialize's; the takeover is at engine.dcr_takeover.
+The returned tuple is deepspeed.initialize's. engine.dcr_takeover says what happened: a
+Takeover after take_over(), whose repr is one line (``Takeover(backend='inductor',
+parameters=24, released_bytes=3221225472)``: the backend kind compiling the module, the
+parameters taken over, the bytes of DeepSpeed's unused reduce buckets released); None with
+DeepCompile; absent on an engine built without the block. Rank 0 logs the same facts in one
+INFO line of the "deepcompile_remat" logger at takeover.
 
 Either way, with several ranks, every rank's block (defaults filled in) and the DeepSpeed
 settings the takeover depends on are compared first: ranks that disagree would build
@@ -28,10 +35,11 @@ from __future__ import annotations
 import copy
 import logging
 import sys
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 from deepcompile_remat.config import RematConfig, check_ranks_agree
-from deepcompile_remat.deepspeed.config import BLOCK, load, parse_block
+from deepcompile_remat.deepspeed.config import (BLOCK, load, parse_block, takeover_settings,
+                                                unsupported_by_takeover)
 
 log = logging.getLogger(__name__)
 _stock: dict = {}  # "initialize": DeepSpeed's own deepspeed.initialize, once seen
@@ -62,11 +70,49 @@ def install() -> None:
     """Makes deepspeed.initialize honour the "deepcompile_remat" block for every caller that
     looks it up when it calls (transformers' Trainer, Accelerate, `deepspeed.initialize(...)`
     in user code). Idempotent; uninstall() reverses it. A `from deepspeed import initialize`
-    made before this keeps DeepSpeed's own."""
+    made before this keeps DeepSpeed's own: a warning names each module that holds it so, and
+    another patch of deepspeed.initialize that this replaces."""
     import deepspeed
 
-    stock_initialize()
+    stock = stock_initialize()
+    _warn_if_bound_elsewhere(deepspeed.initialize, stock)
     deepspeed.initialize = initialize
+
+
+def _qualified(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _holders_of(fn) -> list:
+    """"module.name" for every module outside DeepSpeed (and outside us) holding `fn` under a
+    name of its own: a `from deepspeed import initialize` made before install()."""
+    found = []
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module_name.split(".")[0] in ("deepspeed", "deepcompile_remat"):
+            continue
+        try:
+            names = list(vars(module).items())
+        except TypeError:
+            continue
+        found += [f"{module_name}.{name}" for name, value in names if value is fn]
+    return sorted(found)
+
+
+def _warn_if_bound_elsewhere(current, stock) -> None:
+    """install() cannot reach a caller that holds DeepSpeed's initialize under its own name,
+    and it replaces another patch of deepspeed.initialize (which then never runs): say so."""
+    if current is not stock and not getattr(current, "_dcr_initialize", False):
+        log.warning("deepcompile_remat.deepspeed.install(): deepspeed.initialize was %s, not "
+                    "DeepSpeed's own (%s): it is replaced and will not run; deepcompile_remat "
+                    "calls DeepSpeed's own", _qualified(current), _qualified(stock))
+    holders = _holders_of(stock)
+    if holders:
+        log.warning("deepcompile_remat.deepspeed.install(): %s hold%s DeepSpeed's own "
+                    "initialize (a `from deepspeed import initialize` made before install()); "
+                    "calls through %s bypass the \"%s\" block. Call install() before that "
+                    "import, or call deepspeed.initialize by its module.", ", ".join(holders),
+                    "s" if len(holders) == 1 else "", "it" if len(holders) == 1 else "them",
+                    BLOCK)
 
 
 def uninstall() -> None:
@@ -114,6 +160,16 @@ def _check_enabled_config(cfg: Mapping[str, Any], where: str) -> bool:
     if not isinstance(compile_cfg, Mapping):
         return False
     return bool(compile_cfg.get("deepcompile", False))
+
+
+def _refuse_unsupported(cfg: Mapping[str, Any], where: str) -> None:
+    """What the takeover does not implement, refused from the config itself: before DeepSpeed
+    builds the engine (minutes on a large model), not after."""
+    problems = unsupported_by_takeover(takeover_settings(cfg))
+    if problems:
+        raise ValueError(f"{where}: deepcompile_remat cannot take over this DeepSpeed engine: "
+                         + "; ".join(problems) + f". Remove them, or set \"{BLOCK}\": "
+                         "{\"enabled\": false} for stock DeepSpeed.")
 
 
 def _enabled(section: Any) -> Any:
@@ -164,6 +220,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     remat = parse_block(cfg, where)
     # This rank's own checks first: a rank that fails here exits, and the launcher ends the rest.
     deepcompile_on = remat.enabled and _check_enabled_config(cfg, where)
+    if remat.enabled and not deepcompile_on:
+        _refuse_unsupported(cfg, where)
     if deepcompile_on:
         import torch
 
@@ -193,6 +251,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 initialize._dcr_initialize = True  # how install()/stock_initialize() recognise ours
 
 
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def _attach(engine, remat: RematConfig, deepcompile_on: bool) -> None:
     from deepcompile_remat.deepspeed import _ds_internals
 
@@ -203,16 +267,11 @@ def _attach(engine, remat: RematConfig, deepcompile_on: bool) -> None:
         deepcompile.install(engine, remat)
         engine.compile(backend=remat.backend_kind)
         engine.dcr_takeover = None
+        if _rank() == 0:
+            log.info("deepcompile_remat: DeepCompile runs ZeRO-3; deepcompile_remat's "
+                     "partitioner replaces DeepCompile's (backend %s)", remat.backend_kind)
         return
     from deepcompile_remat.deepspeed.takeover import take_over
 
     engine.dcr_takeover = take_over(engine, remat)
 
-
-def requested_kind(backend: Any) -> Optional[str]:
-    """Our backend kind for what engine.compile(backend=...) names: "inductor" is inductor,
-    "eager" and "aot_eager" (AOTAutograd, FX graphs run as they are) are our eager; anything
-    else (a callable, cudagraphs, ...) has no counterpart: None."""
-    if isinstance(backend, str):
-        return {"inductor": "inductor", "eager": "eager", "aot_eager": "eager"}.get(backend)
-    return None

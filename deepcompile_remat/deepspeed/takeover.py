@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,7 @@ import torch.nn as nn
 
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.deepspeed import _ds_internals as ds
+from deepcompile_remat.deepspeed.config import unsupported_by_takeover
 from deepcompile_remat.zero3.shard import ShardSpec, attach_specs, gather, sharded_class, specs_of
 
 log = logging.getLogger(__name__)
@@ -45,15 +47,30 @@ def _gathered(module: nn.Module, name: str) -> torch.Tensor:
     return gather(getattr(module, _LEAVES_ATTR)[name], specs_of(module)[name])
 
 
-@dataclass
+@dataclass(repr=False)
 class Takeover:
-    """What initialize() attached to the engine (engine.dcr_takeover)."""
+    """What initialize() attached to the engine (engine.dcr_takeover): the block's config
+    (remat), the backend kind compiling the module now (kind), one (DeepSpeed parameter, shard
+    leaf) pair per parameter taken over (leaves; tied parameters share one), and the bytes of
+    DeepSpeed's gradient reduce buckets it released (released_bytes). Its repr is one line:
+    ``Takeover(backend='inductor', parameters=24, released_bytes=0)``."""
 
     remat: RematConfig
     kind: str = ""  # the backend kind the module's forward is compiled with now
     leaves: list = field(default_factory=list)  # (DeepSpeed parameter, shard leaf)
     written: set = field(default_factory=set)  # ds_ids whose slot this micro-batch has written
     handles: list = field(default_factory=list)
+    released_bytes: int = 0  # DeepSpeed's reduce buckets, shrunk to nothing
+
+    def __repr__(self) -> str:
+        return (f"Takeover(backend={self.kind!r}, parameters={len(self.leaves)}, "
+                f"released_bytes={self.released_bytes})")
+
+    def summary(self) -> str:
+        """The line rank 0 logs at takeover."""
+        return (f"deepcompile_remat: took over {len(self.leaves)} DeepSpeed ZeRO-3 parameters "
+                f"(backend {self.kind}); released {self.released_bytes / 2**20:.1f} MiB of "
+                f"DeepSpeed's unused gradient reduce buckets")
 
     def sync(self) -> None:
         """Re-point a leaf whose ds_tensor DeepSpeed moved to new storage (offload_states /
@@ -66,23 +83,21 @@ class Takeover:
 
 
 def check_supported(engine) -> None:
-    """What the takeover does not implement, refused before anything is touched."""
+    """What the takeover does not implement, refused before anything is touched: the settings
+    initialize() already refused from the config (read again from the engine, which may have
+    them from elsewhere: an mpu, DeepSpeed's defaults), and an optimizer that is not ZeRO-3's."""
     problems = []
     if type(engine.optimizer) is not ds.stage3_optimizer_class():  # MiCS subclasses it
         problems.append(f"the engine's optimizer is {type(engine.optimizer).__name__}, not "
                         "DeepSpeed's ZeRO-3 optimizer (pass an optimizer or an \"optimizer\" "
                         "block; inference-only engines and MiCS are not supported)")
-    for what, cfg in (("offload_optimizer", engine.zero_offload_optimizer()),
-                      ("offload_param", engine.zero_offload_param())):
-        device = getattr(cfg, "device", None)
-        if device is not None and str(getattr(device, "value", device)) != "none":
-            problems.append(f"zero_optimization.{what} (device {device}) is not supported")
-    if engine.zero_hpz_partition_size() > 1:
-        problems.append("zero_optimization.zero_hpz_partition_size > 1 is not supported")
-    if engine.gradient_predivide_factor() != 1.0:
-        problems.append("gradient_predivide_factor != 1.0 is not supported")
-    if getattr(engine, "sequence_parallel_size", 1) > 1:
-        problems.append("sequence parallelism is not supported")
+    problems += unsupported_by_takeover({
+        "zero_optimization.offload_optimizer": getattr(engine.zero_offload_optimizer(), "device",
+                                                       None),
+        "zero_optimization.offload_param": getattr(engine.zero_offload_param(), "device", None),
+        "zero_optimization.zero_hpz_partition_size": engine.zero_hpz_partition_size(),
+        "gradient_predivide_factor": engine.gradient_predivide_factor(),
+        "sequence_parallel_size": getattr(engine, "sequence_parallel_size", 1)})
     if problems:
         raise ValueError("deepcompile_remat: cannot take over this DeepSpeed engine: "
                          + "; ".join(problems))
@@ -120,6 +135,15 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
     return hook
 
 
+def requested_kind(backend: Any) -> Optional[str]:
+    """Our backend kind for what engine.compile(backend=...) names: "inductor" is inductor,
+    "eager" and "aot_eager" (AOTAutograd, FX graphs run as they are) are our eager; anything
+    else (a callable, cudagraphs, ...) has no counterpart: None."""
+    if isinstance(backend, str):
+        return {"inductor": "inductor", "eager": "eager", "aot_eager": "eager"}.get(backend)
+    return None
+
+
 def _engine_compile(takeover: Takeover, compile_forward):
     """engine.compile on a taken-over engine (what Trainer/Accelerate call for torch_compile):
     the module is compiled already, with our backend. A request for another backend is
@@ -128,12 +152,11 @@ def _engine_compile(takeover: Takeover, compile_forward):
     why."""
 
     def compile(backend=None, compile_kwargs=None, **_ignored):  # noqa: A001
-        from deepcompile_remat.deepspeed.engine import requested_kind
-
         kind = requested_kind(backend) if backend is not None else takeover.kind
+        info = log.info if dist.get_rank() == 0 else log.debug  # one line per job
         if kind == takeover.kind:
-            log.info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
-                     "with deepcompile_remat's %s backend already", backend, kind)
+            info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
+                 "with deepcompile_remat's %s backend already", backend, kind)
         elif takeover.remat.backend is not None:
             log.warning("deepcompile_remat: engine.compile(backend=%r) not honoured: the "
                         "\"deepcompile_remat\" block sets \"backend\": %r, which compiles the "
@@ -146,11 +169,11 @@ def _engine_compile(takeover: Takeover, compile_forward):
                         backend, takeover.kind)
         else:
             compile_forward(kind)
-            log.info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
-                     "with deepcompile_remat's %s backend", backend, kind)
+            info("deepcompile_remat: engine.compile(backend=%r): the module is compiled "
+                 "with deepcompile_remat's %s backend", backend, kind)
         if compile_kwargs:
-            log.info("deepcompile_remat: engine.compile's compile_kwargs %s are not used",
-                     sorted(compile_kwargs))
+            info("deepcompile_remat: engine.compile's compile_kwargs %s are not used",
+                 sorted(compile_kwargs))
 
     return compile
 
@@ -170,7 +193,7 @@ def take_over(engine, remat: RematConfig) -> Takeover:
     ds.release_gathered_parameters(engine)
     released = ds.release_reduce_buckets(optimizer)
 
-    takeover = Takeover(remat)
+    takeover = Takeover(remat, released_bytes=released)
     leaves: dict = {}
     for mod in module.modules():
         names = tuple(n for n, p in mod._parameters.items() if p is not None)
@@ -206,7 +229,6 @@ def take_over(engine, remat: RematConfig) -> Takeover:
 
     compile_forward(remat.backend_kind)
     engine.compile = _engine_compile(takeover, compile_forward)
-    log.info("deepcompile_remat: took over %d DeepSpeed ZeRO-3 parameters (backend %s); "
-             "released %.1f MB of DeepSpeed's unused gradient reduce buckets",
-             len(takeover.leaves), takeover.kind, released / 2**20)
+    if dist.get_rank() == 0:  # one line per job, not per rank
+        log.info("%s", takeover.summary())
     return takeover

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -53,6 +54,10 @@ class PartitionReport:
     collectives: tuple[str, ...] = ()  # "fw|bw:op:dtype:numel" per gather / reduce-scatter
     schedule: tuple = ()  # per graph: the hooks' figures (zero3: schedule.ScheduleFigures)
     budget: BudgetSummary | None = None  # budget mode's decision; None: the ordinary cut
+    # True: torch served this compile from its AOTAutograd cache, so nothing was partitioned in
+    # this process; this is the report recorded when the cache entry was written (its timings
+    # are that compile's). partition/report_cache.py keeps it beside the cache.
+    from_cache: bool = False
 
     @property
     def saved_bytes(self) -> int:
@@ -81,22 +86,39 @@ class PartitionReport:
                 f"; prepare "
                 f"{self.prepare_s * 1e3:.1f} ms, export "
                 f"{self.export_s * 1e3:.1f} ms, solve {self.solve_s * 1e3:.1f} ms, extract "
-                f"{self.extract_s * 1e3:.1f} ms")
+                f"{self.extract_s * 1e3:.1f} ms"
+                f"{'; restored with a compile served from the cache' if self.from_cache else ''}")
 
 
 _lock = threading.Lock()
 _reports: collections.deque = collections.deque(maxlen=1000)
+_collecting = threading.local()  # .lists: the lists collecting() opened in this thread
 
 
 def record(report: PartitionReport, keep: int) -> None:
     """Appends `report` to this process's reports, keeping the newest `keep`, and logs its
-    summary at INFO."""
+    summary at INFO; every collecting() open in this thread sees it too."""
     global _reports
     with _lock:
         if _reports.maxlen != keep:
             _reports = collections.deque(_reports, maxlen=keep)
         _reports.append(report)
+    for collected in getattr(_collecting, "lists", ()):
+        collected.append(report)
     log.info("%s", report.summary())
+
+
+@contextlib.contextmanager
+def collecting():
+    """Context manager yielding a list that receives each report this thread records while it
+    is open (the partitions of one compile: it runs in the compiling thread)."""
+    collected: list = []
+    stack = _collecting.__dict__.setdefault("lists", [])
+    stack.append(collected)
+    try:
+        yield collected
+    finally:
+        stack.remove(collected)
 
 
 def reports() -> list[PartitionReport]:

@@ -74,8 +74,8 @@ def test_frozen_keyword_only_and_slotted():
 
 
 def test_from_dict_refuses_unknown_keys_and_names_them():
-    with pytest.raises(ValueError, match=r"ds.json: unknown key 'polcy'; valid keys: \[.*'backend'"
-                                         r".*'policy'.*\]"):
+    with pytest.raises(ValueError, match=r"ds.json: unknown key 'polcy' \(did you mean 'policy'\?\); "
+                                         r"valid keys: \[.*'backend'.*'policy'.*\]"):
         RematConfig.from_dict({"polcy": "aggressive"}, where="ds.json")
     with pytest.raises(ValueError, match=r"blk must be a JSON object, got list"):
         RematConfig.from_dict([], where="blk")

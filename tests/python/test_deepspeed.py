@@ -169,8 +169,8 @@ def test_unknown_key_lists_the_valid_keys():
 
     cfg = _config("bf16", True)
     cfg["deepcompile_remat"]["polcy"] = "aggressive"
-    with pytest.raises(ValueError, match=r"deepcompile_remat: unknown key 'polcy'; valid keys: "
-                                         r"\[.*'backend'.*'policy'.*\]"):
+    with pytest.raises(ValueError, match=r"deepcompile_remat: unknown key 'polcy' \(did you mean "
+                                         r"'policy'\?\); valid keys: \[.*'backend'.*'policy'.*\]"):
         initialize(model=GPT(), config=cfg)
     assert "backend" in field_names() and "policy" in field_names()
     cfg = _config("bf16", True, "tensorrt")
@@ -179,8 +179,98 @@ def test_unknown_key_lists_the_valid_keys():
         initialize(model=GPT(), config=cfg)
     cfg = _config("bf16", False)  # disabled blocks are validated too
     cfg["deepcompile_remat"]["bakend"] = "eager"
-    with pytest.raises(ValueError, match="unknown key 'bakend'"):
+    with pytest.raises(ValueError, match=r"unknown key 'bakend' \(did you mean 'backend'\?\)"):
         initialize(model=GPT(), config=cfg)
+    cfg = _config("bf16", True)
+    cfg["deepcompile_remat"]["zzz"] = 1  # nothing close: no suggestion
+    with pytest.raises(ValueError, match=r"unknown key 'zzz'; valid keys"):
+        initialize(model=GPT(), config=cfg)
+
+
+@pytest.fixture
+def stock_must_not_run(monkeypatch):
+    """DeepSpeed's own initialize replaced by one that fails the test: whatever is refused must
+    be refused before DeepSpeed builds an engine."""
+    from deepcompile_remat.deepspeed import engine
+
+    def building(**_kwargs):
+        raise AssertionError("DeepSpeed was asked to build the engine before the refusal")
+
+    monkeypatch.setitem(engine._stock, "initialize", building)
+
+
+@pytest.mark.parametrize("make_config,where", [
+    (lambda c: {**c, "deepcompile-remat": c.pop("deepcompile_remat")}, r"top-level key "
+     r"'deepcompile-remat' is not read: deepcompile_remat reads the block \"deepcompile_remat\""),
+    (lambda c: {**c, "DeepCompileRemat": c.pop("deepcompile_remat")}, "'DeepCompileRemat'"),
+    (lambda c: {**c, "deepcompile_rmat": c.pop("deepcompile_remat")}, "'deepcompile_rmat'"),
+    (lambda c: {**c, "zero_optimization": {**c["zero_optimization"],
+                                           "deepcompile_remat": c.pop("deepcompile_remat")}},
+     r"\"zero_optimization.deepcompile_remat\" is not read: the \"deepcompile_remat\" block goes "
+     r"at the top level of the DeepSpeed config, beside \"zero_optimization\""),
+    (lambda c: {**c, "compile": {"deepcompile": False,
+                                 "deepcompile-remat": c.pop("deepcompile_remat")}},
+     r"\"compile.deepcompile-remat\" is not read: .* beside \"compile\""),
+])
+def test_a_misnamed_or_misplaced_block_is_an_error_naming_the_right_place(
+        make_config, where, stock_must_not_run):
+    """Before: a block under a near-miss name, or nested in "zero_optimization" / "compile",
+    was accepted by DeepSpeed and read by nobody: stock ZeRO-3 ran while the user believed the
+    flag was on."""
+    from deepcompile_remat.deepspeed import config_from_deepspeed, initialize
+
+    cfg = make_config(_config("bf16", True))
+    with pytest.raises(ValueError, match=where):
+        config_from_deepspeed(cfg)
+    with pytest.raises(ValueError, match=where):
+        initialize(model=GPT(), config=cfg, dist_init_required=False)
+
+
+def test_deepspeeds_own_deepcompile_key_is_not_taken_for_the_block():
+    """The near-miss check must not refuse DeepSpeed's "compile": {"deepcompile": ...} (in
+    the shipped configs) nor a config without the block."""
+    from deepcompile_remat.deepspeed import config_from_deepspeed
+
+    assert config_from_deepspeed(_config("bf16", True, compile={"deepcompile": False})).enabled
+    assert not config_from_deepspeed({"zero_optimization": {"stage": 3},
+                                      "compile": {"deepcompile": True}}).enabled
+
+
+@pytest.mark.parametrize("zero,top,named", [
+    ({"offload_optimizer": {"device": "cpu"}}, {}, r"zero_optimization.offload_optimizer "
+                                                   r"\(device 'cpu'\) is not supported"),
+    ({"offload_param": {"device": "nvme", "nvme_path": "/tmp"}}, {},
+     r"zero_optimization.offload_param \(device 'nvme'\)"),
+    ({"cpu_offload": True}, {}, r"zero_optimization.offload_optimizer \(device 'cpu'\)"),
+    ({"cpu_offload_param": True}, {}, r"zero_optimization.offload_param \(device 'cpu'\)"),
+    ({"zero_hpz_partition_size": 2}, {}, r"zero_hpz_partition_size > 1 \(hpZ\)"),
+    ({"mics_shard_size": 2}, {}, r"mics_shard_size > 0 \(MiCS\)"),
+    ({}, {"gradient_predivide_factor": 2.0}, r"gradient_predivide_factor 2.0 != 1.0"),
+    ({"stage": 2}, {}, r"zero_optimization.stage is 2: deepcompile_remat takes over ZeRO stage "
+                       r"3 only"),
+])
+def test_unsupported_settings_are_refused_before_deepspeed_builds_the_engine(
+        zero, top, named, stock_must_not_run):
+    """Before: offload, hpZ, MiCS or a predivide factor were refused only after
+    deepspeed.initialize had built the engine (minutes on a large model, then the error)."""
+    from deepcompile_remat.deepspeed import initialize
+
+    cfg = _config("bf16", True, **top)
+    cfg["zero_optimization"] = {**cfg["zero_optimization"], **zero}
+    with pytest.raises(ValueError, match=named):
+        initialize(model=GPT(), config=cfg, dist_init_required=False)
+
+
+def test_offload_with_the_block_disabled_is_plain_deepspeed(monkeypatch):
+    """The refusal is the takeover's: with the block off, DeepSpeed gets the config as given."""
+    from deepcompile_remat.deepspeed import engine, initialize
+
+    seen = []
+    monkeypatch.setitem(engine._stock, "initialize", lambda **kw: seen.append(kw) or ("e",))
+    cfg = _config("bf16", False)
+    cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    assert initialize(model=GPT(), config=cfg, dist_init_required=False) == ("e",)
+    assert seen and seen[0]["config"] is cfg
 
 
 @pytest.mark.parametrize("stage", [1, 2])
@@ -208,6 +298,60 @@ def test_config_from_a_file_in_args_or_config_params(tmp_path):
         with pytest.raises(ValueError, match=rf"{path}: \"deepcompile_remat\" is enabled but "
                                              r"zero_optimization.stage is 2"):
             initialize(model=GPT(), **kwargs)
+
+
+# --- the shipped configs --------------------------------------------------------------------------
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs")
+
+
+def test_shipped_configs_say_what_they_are_for():
+    """Before: the shipped configs had fixed batch sizes and bf16 that clash with Trainer's own
+    arguments, and no 16-bit gather on save (save_model wrote no weights). Every file is listed
+    in configs/README.md; the trainer_* ones leave Trainer's values "auto" and "backend" unset;
+    all gather the full weights on save and parse."""
+    from deepcompile_remat.deepspeed import config_from_deepspeed
+    from deepcompile_remat.deepspeed.config import load
+
+    with open(os.path.join(CONFIGS, "README.md")) as f:
+        listed = f.read()
+    names = sorted(n for n in os.listdir(CONFIGS) if n.endswith(".json"))
+    assert len(names) == 4, names
+    for name in names:
+        assert f"`{name}`" in listed, f"configs/README.md does not say what {name} is for"
+        cfg, _ = load(os.path.join(CONFIGS, name))
+        remat = config_from_deepspeed(cfg)
+        assert remat.enabled and cfg["zero_optimization"]["stage"] == 3
+        assert cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+        for_trainer = name.startswith("trainer_")
+        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                    "gradient_clipping"):
+            assert (cfg[key] == "auto") == for_trainer, (name, key)
+        assert (remat.backend is None) == for_trainer, name
+        if "bf16" in cfg and for_trainer and "torch_autocast" not in cfg:
+            assert cfg["bf16"]["enabled"] == "auto", name
+
+
+def _shipped_own_loop_configs(rank, world):
+    rank_env(rank, world)
+    from deepcompile_remat.deepspeed import initialize
+
+    for name in ("zero3_remat.json", "zero3_remat_autocast.json"):
+        model = GPT(layers=1)
+        engine, *_ = initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                                config=os.path.join(CONFIGS, name))
+        assert engine.dcr_takeover is not None and engine.dcr_takeover.kind == "inductor", name
+        assert engine.zero_gather_16bit_weights_on_model_save(), name
+        assert repr(engine.dcr_takeover) == (
+            f"Takeover(backend='inductor', parameters={len(list(model.parameters()))}, "
+            f"released_bytes={engine.dcr_takeover.released_bytes})")
+
+
+def test_shipped_own_loop_configs_take_over_as_they_are():
+    """The configs for a loop of one's own are accepted by DeepSpeed and taken over unchanged
+    (compiling is left to the other tests: inductor's C++ build is minutes here)."""
+    run_ranks(_shipped_own_loop_configs, 2)
 
 
 # --- reading configs as DeepSpeed does; ranks that disagree --------------------------------------
@@ -314,6 +458,7 @@ def test_deepcompile_without_cuda_is_an_error():
 def _disabled_and_unsupported(rank, world):
     rank_env(rank, world)
     import deepcompile_remat.deepspeed as dcr_ds
+    from deepcompile_remat.deepspeed.takeover import check_supported
 
     # Disabled: plain deepspeed.initialize, DeepSpeed's hooks in place, nothing compiled.
     engine = _engine(_config("bf16", False))
@@ -323,7 +468,7 @@ def _disabled_and_unsupported(rank, world):
     _train(engine, rank, range(1))
     assert dcr.reports() == []
 
-    # Enabled on what the takeover does not implement: refused, naming it.
+    # Enabled on what the takeover does not implement: refused from the config, naming it.
     cfg = _config("bf16", True, zero_force_ds_cpu_optimizer=False, zero_optimization={
         "stage": 3, "stage3_param_persistence_threshold": 0,
         "offload_optimizer": {"device": "cpu"}})
@@ -331,6 +476,14 @@ def _disabled_and_unsupported(rank, world):
                                          r"zero_optimization.offload_optimizer"):
         model = GPT()
         dcr_ds.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=cfg)
+    # And from the engine, where a setting came from elsewhere than the config we read.
+    cfg["deepcompile_remat"]["enabled"] = False
+    model = GPT()
+    engine = dcr_ds.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                               config=cfg)[0]
+    with pytest.raises(ValueError, match=r"cannot take over this DeepSpeed engine: "
+                                         r"zero_optimization.offload_optimizer \(device 'cpu'\)"):
+        check_supported(engine)
 
 
 def test_disabled_block_is_plain_deepspeed_and_unsupported_features_are_refused():

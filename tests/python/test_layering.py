@@ -202,3 +202,79 @@ def test_the_compile_cache_key_covers_the_product_only(tmp_path):
     with open(product / "partition" / "cse.py", "a") as f:
         f.write("\n# a product edit\n")
     assert backends.digest_of(product) != key
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(root: Path) -> dict[str, set[str]]:
+    """module -> the modules of its own part it imports (function-level and relative imports
+    included). `from pkg import x` is an import of pkg.x where that is a module, else of pkg;
+    an import of a package enclosing the importer is left out: it is initialised first anyway."""
+    modules = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                module = ".".join(base + (node.module.split(".") if node.module else []))
+                targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module
+                           for a in node.names]
+            else:
+                continue
+            imported |= {t for t in targets if t in modules and t != name
+                         and not name.startswith(t + ".")
+                         and t.split(".")[:2] == name.split(".")[:2]}  # same part
+        graph[name] = imported
+    return graph
+
+
+def _module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each import cycle once, as the path that closes it (depth-first)."""
+    cycles, done, on_path = [], set(), []
+
+    def visit(module):
+        if module in on_path:
+            cycles.append(on_path[on_path.index(module):] + [module])
+            return
+        if module in done:
+            return
+        on_path.append(module)
+        for imported in sorted(graph[module]):
+            visit(imported)
+        on_path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+    return cycles
+
+
+def test_no_module_cycle_inside_a_part():
+    """Before: deepspeed/engine.py and deepspeed/takeover.py imported each other (take_over /
+    requested_kind), hidden by function-level imports; the table above only sees parts. A
+    cycle inside a part (function-level imports included) is an error too."""
+    cycles = [c for root in PACKAGES.values() for c in _module_cycles(_module_imports(root))]
+    assert not cycles, "import cycles inside a part:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_module_cycle_check_sees_a_function_level_cycle(tmp_path):
+    """The check finds a cycle made of a module-level and a function-level import."""
+    fake = tmp_path / "deepcompile_remat"
+    (fake / "deepspeed").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "deepspeed" / "__init__.py").write_text("from .engine import go\n")
+    (fake / "deepspeed" / "engine.py").write_text(
+        "def go():\n    from deepcompile_remat.deepspeed.takeover import run\n")
+    (fake / "deepspeed" / "takeover.py").write_text(
+        "from deepcompile_remat.deepspeed import engine, config\n")
+    (fake / "deepspeed" / "config.py").write_text("from deepcompile_remat import deepspeed\n")
+    cycles = _module_cycles(_module_imports(fake))
+    assert cycles == [["deepcompile_remat.deepspeed.engine", "deepcompile_remat.deepspeed.takeover",
+                       "deepcompile_remat.deepspeed.engine"]], cycles

@@ -194,3 +194,122 @@ def test_install_is_idempotent_reversible_and_never_recurses(monkeypatch):
             assert deepspeed.initialize is fake_stock and not dcr_ds.installed()
     finally:
         deepspeed.initialize = stock
+
+
+def test_install_warns_about_callers_it_cannot_reach(monkeypatch, caplog):
+    """Silent bug guarded: a `from deepspeed import initialize` made before install() (or
+    another library's patch of deepspeed.initialize, which install() replaces) bypassed the
+    block without a word."""
+    import sys
+    import types
+
+    import deepspeed
+
+    import deepcompile_remat.deepspeed as dcr_ds
+    from deepcompile_remat.deepspeed import engine
+
+    stock = engine.stock_initialize()
+    early = types.ModuleType("user_train_script")
+    early.initialize = stock  # `from deepspeed import initialize`, before install()
+    monkeypatch.setitem(sys.modules, "user_train_script", early)
+    try:
+        with caplog.at_level(logging.WARNING, logger="deepcompile_remat"):
+            dcr_ds.install()
+        assert dcr_ds.installed()
+        held = [r.getMessage() for r in caplog.records if "user_train_script.initialize" in
+                r.getMessage()]
+        assert held and "bypass" in held[0], caplog.text
+        dcr_ds.uninstall()
+        del sys.modules["user_train_script"]
+        caplog.clear()
+
+        def other_patch(**kwargs):
+            return stock(**kwargs)
+
+        deepspeed.initialize = other_patch
+        with caplog.at_level(logging.WARNING, logger="deepcompile_remat"):
+            dcr_ds.install()
+        assert any("other_patch" in r.getMessage() and "will not run" in r.getMessage()
+                   for r in caplog.records), caplog.text
+        dcr_ds.uninstall()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="deepcompile_remat"):
+            dcr_ds.install()  # nothing held elsewhere: silent
+        assert not caplog.records, caplog.text
+    finally:
+        dcr_ds.uninstall()
+        deepspeed.initialize = stock
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "trainer.py")
+
+
+def _example_code():
+    """examples/trainer.py without its docstring: what the README shows as the script."""
+    import ast
+
+    with open(EXAMPLE) as f:
+        source = f.read()
+    body = ast.parse(source).body
+    return "\n".join(source.splitlines()[body[1].lineno - 1:]).strip()
+
+
+@pytest.mark.parametrize("config,flags", [
+    ("trainer_zero3_remat.json", ["--bf16"]),
+    ("trainer_zero3_remat_autocast.json", []),
+])
+def test_the_example_runs_with_the_shipped_trainer_configs(tmp_path, config, flags):
+    """Before: the shipped configs, tried with Trainer as a new user would, clashed with
+    Trainer's own arguments (a fixed micro-batch size and bf16) and save_model() wrote no
+    weights (stage3_gather_16bit_weights_on_model_save false), so from_pretrained failed.
+    The example runs as the README launches it (CPU: --use_cpu), and says that it ran: rank 0
+    logs one takeover line, engine.dcr_takeover prints in one line."""
+    import re
+    import subprocess
+    import sys
+
+    import transformers
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    out = tmp_path / "out"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(_free_port()), EXAMPLE,
+           "--deepspeed", os.path.join(ROOT, "configs", config), *flags, "--output_dir",
+           str(out), "--max_steps", "2", "--save_strategy", "no", "--use_cpu",
+           # our eager backend (the config leaves "backend" to Trainer): no C++ build here
+           "--torch_compile", "--torch_compile_backend", "aot_eager"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+
+    took_over = re.findall(r"deepcompile_remat: took over (\d+) DeepSpeed ZeRO-3 parameters "
+                           r"\(backend inductor\); released [\d.]+ MiB", output)
+    assert len(took_over) == 1, output[-6000:]  # rank 0 only
+    reprs = re.findall(r"rank \d: Takeover\(backend='eager', parameters=(\d+), "
+                       r"released_bytes=(\d+)\)", output)
+    assert len(reprs) == 2 and {r[0] for r in reprs} == {took_over[0]}, output[-6000:]
+
+    assert not is_deepspeed_zero3_enabled()  # a plain load, as a user's next script does
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert all(p.abs().sum() > 0 for p in model.parameters())
+
+
+def _free_port():
+    from dcr_bench.harness.ranks import free_port
+
+    return free_port()
+
+
+def test_the_readme_shows_the_example_whole():
+    """The README's Trainer snippet is examples/trainer.py itself (run by the test above), so
+    it stays a script that runs."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    assert _example_code() in readme, "README.md's Trainer script differs from examples/trainer.py"
+    assert "examples/trainer.py --deepspeed configs/trainer_zero3_remat.json" in readme
+    assert "--use_cpu" in readme
