@@ -16,6 +16,7 @@ from dcr_bench.bench import partition as bench_partition
 from dcr_bench.bench import solver as bench_solver
 from dcr_bench.profile import command as profile_command
 from dcr_bench.profile import compare as compare_command
+from dcr_bench.traffic import command as traffic_command
 
 SUBCOMMANDS = {
     profile_command.NAME: (profile_command.add_arguments, profile_command.run),
@@ -24,6 +25,7 @@ SUBCOMMANDS = {
     bench_partition.NAME: (bench_partition.add_arguments, bench_partition.run),
     bench_budget.NAME: (bench_budget.add_arguments, bench_budget.run),
     deepspeed_bench.NAME: (deepspeed_bench.add_arguments, deepspeed_bench.run),
+    traffic_command.NAME: (traffic_command.add_arguments, traffic_command.run),
 }
 
 

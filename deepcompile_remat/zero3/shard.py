@@ -181,9 +181,11 @@ def _served_devices(group) -> set:
 
 def _check_backend_serves(module: nn.Module, group) -> None:
     """The group's backend must move tensors where the parameters live (CPU: gloo; a CUDA
-    parameter: NCCL or gloo). torch's fake backend (emulated worlds) serves any device."""
+    parameter: NCCL or gloo). torch's fake backend (emulated worlds) serves any device. Meta
+    parameters need no backend: they hold no data, and the dcr ops run their fake kernels on
+    them, never a collective (a plan of a step: `deepcompile-remat traffic`)."""
     served = _served_devices(group)
-    devices = sorted({p.device.type for p in module.parameters()})
+    devices = sorted({p.device.type for p in module.parameters()} - {"meta"})
     missing = [d for d in devices if d not in served]
     if missing:
         raise ValueError(

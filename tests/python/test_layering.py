@@ -42,8 +42,9 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"backends", "config", "deepspeed", "fx_values", "harness", "mincut", "partition"},
     "profile": {PACKAGE_API, "_C", "backends", "config", "deepspeed", "fx_arrays", "fx_values", "harness",
                 "partition", "zero3"},
+    "traffic": {PACKAGE_API, "bench", "harness", "zero3"},
     # the deepcompile-remat command
-    "cli": {"bench", "profile"},
+    "cli": {"bench", "profile", "traffic"},
     "__main__": {"cli"},
 }
 
