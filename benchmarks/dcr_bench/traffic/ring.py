@@ -122,20 +122,15 @@ def phase_traffic(layout: str, phase: str, buffer_bytes: float, collectives: int
 
 def layout_traffic(layout: str, phases: dict, ranks: Ranks) -> list[PhaseTraffic]:
     """Every phase of `layout` from traced phase totals (trace.PhaseBytes by phase): a flat
-    trace at the world size for zero3 and hpz, a trace at the node size for hsdp. Hybrid
-    sharding's replica all-reduce averages each reduce-scatter's output (its buffer / G) over
-    the replicas; a trace that already holds it (a runtime that shards hybrid) is read as is.
-    hpz's backward re-gathers are the flat trace's, each the same full buffer gathered from
-    the node's G secondary shards instead of the world's primary ones."""
+    trace for zero3 and hpz, a hybrid-sharded one (a replica per node) for hsdp, whose replica
+    all-reduces the runtime issues after each reduce-scatter. hpz's backward re-gathers are
+    the flat trace's, each the same full buffer gathered from the node's G secondary shards
+    (ZeRO++ keeps them after the forward) instead of the world's primary ones: what this
+    runtime would do with them (it has no secondary shards yet)."""
     phases = dict(phases)
     if layout == "hpz" and "backward re-gathers" in phases:
         phases["backward re-gathers"] = dataclasses.replace(
             phases["backward re-gathers"], group_size=ranks.node_size)
-    if layout == "hsdp" and "replica all-reduces" not in phases:
-        rs = phases["gradient reduce-scatters"]
-        phases["replica all-reduces"] = dataclasses.replace(
-            rs, phase="replica all-reduces", buffer_bytes=rs.buffer_bytes // rs.group_size,
-            group_size=ranks.nodes)
     out = []
     for phase in GROUPS[layout]:
         p = phases.get(phase)

@@ -33,6 +33,7 @@ PHASES = ("forward gathers", "backward re-gathers", "gradient reduce-scatters",
 
 _GATHERS = ("allgather_cast", "allgather_cast_start", "allgather_cast_bucket")
 _REDUCE_SCATTERS = ("reduce_scatter_grad", "reduce_scatter_grad_bucket")
+_REPLICA_ALL_REDUCES = ("allreduce_replicas",)  # hybrid sharding's, after each reduce-scatter
 _NOT_COLLECTIVES = ("allgather_cast_wait",)  # the second half of a start: no bytes of its own
 
 
@@ -78,8 +79,9 @@ def collectives_of(fw: fx.GraphModule, bw: fx.GraphModule) -> list[Collective]:
             if name in _GATHERS:
                 phase = "forward gathers" if graph_tag == "fw" else "backward re-gathers"
                 size = _bytes_of(node.meta["val"])
-            elif name in _REDUCE_SCATTERS:
-                phase = "gradient reduce-scatters"
+            elif name in _REDUCE_SCATTERS or name in _REPLICA_ALL_REDUCES:
+                phase = ("gradient reduce-scatters" if name in _REDUCE_SCATTERS
+                         else "replica all-reduces")
                 grads = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
                 size = sum(_bytes_of(g.meta["val"]) for g in grads)
             else:
@@ -111,6 +113,18 @@ def meta_model(hf_config):
     return model.train()
 
 
+def hybrid_groups(world: int, replicas: int):
+    """(shard group, replicate group) of rank 0 when `world` ranks are `replicas` replicas of
+    world / replicas shards, numbered replica by replica (a replica per node: the shard group
+    is a node). Every rank's groups are created, as torch.distributed requires."""
+    import torch.distributed as dist
+
+    size = world // replicas
+    shard_groups = [dist.new_group(list(range(i * size, (i + 1) * size))) for i in range(replicas)]
+    replicate_groups = [dist.new_group(list(range(i, world, size))) for i in range(size)]
+    return shard_groups[0], replicate_groups[0]
+
+
 @contextlib.contextmanager
 def fake_world(world: int):
     """torch's fake process group of `world` ranks in this process (rank 0), for the block."""
@@ -129,9 +143,11 @@ def fake_world(world: int):
 
 
 def trace_collectives(hf_config, *, world: int, param_dtype: Optional[torch.dtype] = None,
-                      remat=None, seq: int = 8) -> list[Collective]:
+                      remat=None, replicas: int = 1, seq: int = 8) -> list[Collective]:
     """The collectives of one step of `hf_config`'s model sharded over `world` ranks (see the
-    module docstring); remat: the RematConfig to compile with (default RematConfig())."""
+    module docstring), or with replicas > 1 hybrid-sharded as zero3.shard does it: over
+    world / replicas ranks, replicated `replicas` times (hybrid_groups); remat: the
+    RematConfig to compile with (default RematConfig())."""
     import deepcompile_remat as dcr
     from deepcompile_remat import zero3
 
@@ -141,7 +157,10 @@ def trace_collectives(hf_config, *, world: int, param_dtype: Optional[torch.dtyp
     patches = (torch._functorch.config.patch(enable_autograd_cache=False),
                torch._inductor.config.patch(fx_graph_cache=False))
     with fake_world(world), patches[0], patches[1]:
-        model = zero3.shard(meta_model(hf_config), param_dtype=param_dtype)
+        shard_group, replicate_group = (None, None) if replicas == 1 else \
+            hybrid_groups(world, replicas)
+        model = zero3.shard(meta_model(hf_config), shard_group, replicate_group=replicate_group,
+                            param_dtype=param_dtype)
         compiled = torch.compile(model, backend=dcr.backend(
             "eager", remat, on_partition=lambda fw, bw, _inputs: graphs.append((fw, bw))))
         ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
@@ -179,11 +198,12 @@ def extrapolate_layers(one: dict[str, PhaseBytes], two: dict[str, PhaseBytes],
 
 
 def trace_phases(hf_config, *, world: int, param_dtype: Optional[torch.dtype] = None,
-                 remat=None, extrapolate: bool = False) -> dict[str, PhaseBytes]:
+                 remat=None, replicas: int = 1, extrapolate: bool = False
+                 ) -> dict[str, PhaseBytes]:
     """phase -> PhaseBytes of one step of hf_config's model (all its layers), sharded over
-    `world` ranks: traced whole, or with extrapolate=True traced at 1 and 2 layers and
-    extrapolated (see the module docstring)."""
-    kw = dict(world=world, param_dtype=param_dtype, remat=remat)
+    `world` ranks (hybrid with replicas > 1: trace_collectives): traced whole, or with
+    extrapolate=True traced at 1 and 2 layers and extrapolated (see the module docstring)."""
+    kw = dict(world=world, param_dtype=param_dtype, remat=remat, replicas=replicas)
     if not extrapolate:
         return phase_totals(trace_collectives(hf_config, **kw))
     one = phase_totals(trace_collectives(with_layers(hf_config, 1), **kw))
