@@ -80,6 +80,8 @@ def test_traced_traffic_equals_the_closed_form(precision):
     assert rows["hpz", "forward gathers"]["leaving_node"] == z_fw["leaving_node"] > 0
     for phase in ("forward gathers", "backward re-gathers", "gradient reduce-scatters"):
         assert rows["hsdp", phase]["leaving_node"] == 0
+    # Read from the compiled backward of a hybrid-sharded model: the runtime's own all-reduces.
+    assert rows["hsdp", "replica all-reduces"]["collectives"] > 0
     assert rows["hsdp", "replica all-reduces"]["leaving_node"] > 0
     # fp32 gradients whatever the gathers: reduce-scatter bytes are 4 per element.
     rs = rows["zero3", "gradient reduce-scatters"]
