@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
+
+from dcr_bench.traffic.ring import LAYOUTS
 
 NAME = "traffic"
 PRECISIONS = {"fp32": None, "bf16": "bfloat16"}  # --precision -> zero3.shard(param_dtype=)
@@ -39,8 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32: gathers in fp32; bf16: zero3.shard(param_dtype=bf16), "
                              "gathers cast to bf16 (gradients reduce in fp32 either way)")
-    parser.add_argument("--layouts", nargs="+", default=["zero3", "hpz", "hsdp"],
-                        choices=["zero3", "hpz", "hsdp"])
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
     parser.add_argument("--extrapolate", action="store_true",
                         help="trace 1 and 2 layers and extrapolate (exact for bytes: identical "
                              "layers) instead of tracing every layer")
@@ -67,7 +67,7 @@ def _agree(a: float, b: float) -> bool:
 
 
 def measure(hf_config, world: int, node_size: int, precision: str = "fp32",
-            layouts=("zero3", "hpz", "hsdp"), extrapolate: bool = False,
+            layouts=LAYOUTS, extrapolate: bool = False,
             marking: bool = True) -> list[dict]:
     """One row per layout and phase: the traced figures, the closed form's ("formula_..."),
     and whether they agree. Traces in this process (torch.distributed must not be
