@@ -17,6 +17,7 @@ from dcr_bench.bench import solver as bench_solver
 from dcr_bench import config_keys
 from dcr_bench.profile import command as profile_command
 from dcr_bench.profile import compare as compare_command
+from dcr_bench.traffic import command as traffic_command
 
 SUBCOMMANDS = {
     profile_command.NAME: (profile_command.add_arguments, profile_command.run),
@@ -26,6 +27,7 @@ SUBCOMMANDS = {
     bench_budget.NAME: (bench_budget.add_arguments, bench_budget.run),
     deepspeed_bench.NAME: (deepspeed_bench.add_arguments, deepspeed_bench.run),
     config_keys.NAME: (config_keys.add_arguments, config_keys.run),
+    traffic_command.NAME: (traffic_command.add_arguments, traffic_command.run),
 }
 
 

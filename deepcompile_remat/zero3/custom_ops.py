@@ -20,6 +20,10 @@
         parallel: the mean over the global batch when each rank's loss is a local mean).
     grad_shards = torch.ops.dcr.reduce_scatter_grad_bucket(full_grads, world_size, group_name)
         the same for several small gradients in one collective (zero3/grad_buckets.py).
+    grad_shard = torch.ops.dcr.allreduce_replicas(grad_shard, replicas, group_name)
+        hybrid sharding (zero3.shard(replicate_group=...)): the mean of a reduce-scattered
+        gradient shard over the `replicas` ranks that hold the same shard on other replicas.
+        The gather's backward issues it after the reduce-scatter (average_over_replicas).
 
 Fake implementations give shapes for tracing; the process group is named by its group_name
 (resolved on every call, so graphs hold no Python objects). The CUDA path uses the fused
@@ -28,6 +32,8 @@ kernels of deepcompile_remat.comm when they were built, else torch's own cast + 
 from __future__ import annotations
 
 from typing import Optional
+
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -41,14 +47,16 @@ class CommStats:
 
     allgather_bytes = 0
     reduce_scatter_bytes = 0
+    allreduce_bytes = 0  # hybrid sharding's replica all-reduces
     allgather_calls = 0
     reduce_scatter_calls = 0
+    allreduce_calls = 0
 
     @classmethod
     def reset(cls) -> None:
         """Zeroes every counter."""
-        cls.allgather_bytes = cls.reduce_scatter_bytes = 0
-        cls.allgather_calls = cls.reduce_scatter_calls = 0
+        cls.allgather_bytes = cls.reduce_scatter_bytes = cls.allreduce_bytes = 0
+        cls.allgather_calls = cls.reduce_scatter_calls = cls.allreduce_calls = 0
 
 
 def resolve_group(group_name: str):
@@ -191,7 +199,66 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad):
     grad = grad.to(ctx.shard_dtype)
-    return torch.ops.dcr.reduce_scatter_grad(grad, ctx.world_size, ctx.group_name), None, None, None
+    shard_grad = torch.ops.dcr.reduce_scatter_grad(grad, ctx.world_size, ctx.group_name)
+    return average_over_replicas(shard_grad, ctx.group_name), None, None, None
+
+
+# Hybrid sharding: shard group -> the group of ranks holding the same shards on the other
+# replicas (zero3.shard(replicate_group=...)). Keyed by the live group object, so a destroyed
+# group's entry goes with it and a later group that reuses its name starts clean.
+_replicate_groups: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def set_replicate_group(group, replicate_group) -> None:
+    """Records that parameters sharded over `group` are replicated across `replicate_group`
+    (None: not replicated). A group already recorded with another replicate group is an
+    error: the gradients of the modules sharded before would be averaged over the wrong ranks."""
+    known = _replicate_groups.get(group, None)
+    if group in _replicate_groups and known is not replicate_group:
+        def name(g):
+            return "none" if g is None else f"{dist.get_process_group_ranks(g)}"
+        raise ValueError(
+            f"deepcompile_remat.zero3.shard: the shard group {dist.get_process_group_ranks(group)}"
+            f" already holds parameters replicated across {name(known)}; sharding over it again "
+            f"with replicate group {name(replicate_group)} would average their gradients over "
+            f"the wrong ranks: use another shard group (dist.new_group)")
+    _replicate_groups[group] = replicate_group
+
+
+def replicate_group_of(group):
+    """The replicate group recorded for shard group `group` (None: not replicated)."""
+    return _replicate_groups.get(group, None)
+
+
+def average_over_replicas(shard_grad: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The one step hybrid sharding adds to the gradient path: a gradient shard, already
+    reduce-scattered (averaged) over its shard group `group_name`, averaged again over the
+    replicate group recorded for it, so it is the mean over every data-parallel rank. A shard
+    group with no replicas: `shard_grad` as it is. Runs when the backward is traced (or run
+    uncompiled), so a compiled backward holds the all-reduce as a node of its own."""
+    replicate = replicate_group_of(resolve_group(group_name)) if dist.is_initialized() else None
+    if replicate is None:
+        return shard_grad
+    return torch.ops.dcr.allreduce_replicas(shard_grad, dist.get_world_size(replicate),
+                                            replicate.group_name)
+
+
+@torch.library.custom_op("dcr::allreduce_replicas", mutates_args=())
+def allreduce_replicas(grad_shard: torch.Tensor, replicas: int, group_name: str) -> torch.Tensor:
+    """The mean of `grad_shard` over the `replicas` ranks of group `group_name` (a new
+    tensor): sum all-reduce, then divide (gloo has no AVG)."""
+    out = grad_shard.contiguous().clone()
+    if replicas > 1:
+        dist.all_reduce(out, group=resolve_group(group_name))
+        out.div_(replicas)
+        CommStats.allreduce_bytes += 2 * out.numel() * out.element_size() * (replicas - 1) // replicas
+        CommStats.allreduce_calls += 1
+    return out
+
+
+@allreduce_replicas.register_fake
+def _(grad_shard, replicas, group_name):
+    return torch.empty_like(grad_shard, memory_format=torch.contiguous_format)
 
 
 allgather_cast.register_autograd(_backward, setup_context=_setup_context)

@@ -24,6 +24,15 @@ them: one shard. ``state_dict()`` returns full tensors (gathered: every rank mus
 ``load_state_dict()`` of full tensors re-shards them.
 
 The group is the data-parallel group: gradients are averaged over exactly its ranks.
+
+Hybrid sharding (FSDP2's HSDP: ``shard(module, mesh=init_device_mesh(..., (replicas,
+shard_size)))``, or ``shard(module, group, replicate_group=...)``): parameters are sharded
+within the shard group and replicated across the replicate group (the ranks that hold the same
+shard on the other replicas: one per replica). Gathers stay within the shard group; each
+gradient is reduce-scattered within it and then averaged across the replicate group (one
+all-reduce per gradient shard, custom_ops.average_over_replicas), so it is the mean over every
+data-parallel rank. The replicas start equal: shard() broadcasts the shards from the first rank
+of the replicate group, as DDP does, and gathered_parameters() does the same on exit.
 """
 from __future__ import annotations
 
@@ -181,9 +190,11 @@ def _served_devices(group) -> set:
 
 def _check_backend_serves(module: nn.Module, group) -> None:
     """The group's backend must move tensors where the parameters live (CPU: gloo; a CUDA
-    parameter: NCCL or gloo). torch's fake backend (emulated worlds) serves any device."""
+    parameter: NCCL or gloo). torch's fake backend (emulated worlds) serves any device. Meta
+    parameters need no backend: they hold no data, and the dcr ops run their fake kernels on
+    them, never a collective (a plan of a step: `deepcompile-remat traffic`)."""
     served = _served_devices(group)
-    devices = sorted({p.device.type for p in module.parameters()})
+    devices = sorted({p.device.type for p in module.parameters()} - {"meta"})
     missing = [d for d in devices if d not in served]
     if missing:
         raise ValueError(
@@ -219,22 +230,73 @@ def is_sharded(module: nn.Module) -> bool:
     return any(specs_of(m) for m in module.modules())
 
 
-def _check_group_is_data_parallel(group, group_is_data_parallel: bool) -> None:
-    """Gradients are averaged over the group. A group smaller than the world is right only if
-    it is the whole data-parallel group; we cannot tell, so the caller must say so."""
+def _check_group_is_data_parallel(group, group_is_data_parallel: bool,
+                                   replicate_group=None) -> None:
+    """Gradients are averaged over the group (times the replicate group). Fewer ranks than the
+    world is right only if they are the whole data-parallel group; we cannot tell, so the
+    caller must say so."""
     size, world = dist.get_world_size(group), dist.get_world_size()
-    if size < world and not group_is_data_parallel:
+    replicas = 1 if replicate_group is None else dist.get_world_size(replicate_group)
+    if size * replicas < world and not group_is_data_parallel:
+        what = (f"the process group has {size} of the {world} ranks" if replicas == 1 else
+                f"the shard group ({size} ranks) times the replicate group ({replicas}) covers "
+                f"{size * replicas} of the {world} ranks")
         raise ValueError(
-            f"deepcompile_remat.zero3.shard: the process group has {size} of the {world} ranks. "
-            f"Gradients are averaged over this group only, which is right only if it is your "
-            f"whole data-parallel group (the other ranks hold other model parts, e.g. tensor "
-            f"parallel): then pass group_is_data_parallel=True. Hybrid sharding (shard within "
-            f"a group, replicate across groups) is not supported.")
+            f"deepcompile_remat.zero3.shard: {what}. Gradients are averaged over these ranks "
+            f"only, which is right only if they are your whole data-parallel group (the other "
+            f"ranks hold other model parts, e.g. tensor parallel): then pass "
+            f"group_is_data_parallel=True. For hybrid sharding (shard within a group, "
+            f"replicate across groups) pass replicate_group= or a 2-D mesh=.")
 
 
-def shard(module: nn.Module, group=None, *, config=None, param_dtype: Optional[torch.dtype] = None,
+def _groups_of_mesh(mesh, group, replicate_group):
+    """(shard group, replicate group) from shard()'s arguments: a 2-D DeviceMesh is
+    (replicate, shard) as FSDP2's HSDP reads it, a 1-D one is the shard group."""
+    if mesh is None:
+        return group, replicate_group
+    if group is not None or replicate_group is not None:
+        raise ValueError("deepcompile_remat.zero3.shard: pass either mesh= or group= / "
+                         "replicate_group=, not both")
+    if mesh.ndim == 1:
+        return mesh.get_group(), None
+    if mesh.ndim == 2:
+        return mesh.get_group(1), mesh.get_group(0)
+    raise ValueError(f"deepcompile_remat.zero3.shard: mesh must be 1-D (shard) or 2-D "
+                     f"(replicate, shard), got {mesh.ndim} dimensions")
+
+
+def _check_replicate_group(group, replicate_group) -> None:
+    """The replicate group holds this rank and, of its shard group, only this rank: each
+    member is another replica of the same shard."""
+    if dist.get_rank(replicate_group) < 0:
+        raise ValueError("deepcompile_remat.zero3.shard: this rank is not a member of the "
+                         "replicate group")
+    shared = (set(dist.get_process_group_ranks(group))
+              & set(dist.get_process_group_ranks(replicate_group)))
+    if shared != {dist.get_rank()}:
+        raise ValueError(
+            f"deepcompile_remat.zero3.shard: the shard group {dist.get_process_group_ranks(group)}"
+            f" and the replicate group {dist.get_process_group_ranks(replicate_group)} share "
+            f"ranks {sorted(shared)}; they must share exactly this rank ({dist.get_rank()}): "
+            f"the replicate group holds the same shard on every other replica")
+
+
+def _replicate(module: nn.Module, group) -> None:
+    """Broadcasts every shard from the first rank of the replicate group: the replicas start
+    equal, as DDP's do (no-op without replicas)."""
+    replicate = custom_ops.replicate_group_of(group)
+    if replicate is not None:
+        _broadcast_parameters(module, replicate, 0)
+
+
+def shard(module: nn.Module, group=None, *, replicate_group=None, mesh=None, config=None,
+          param_dtype: Optional[torch.dtype] = None,
           group_is_data_parallel: bool = False) -> nn.Module:
     """Shards `module`'s parameters in place over `group` (default: WORLD); returns it.
+
+    Hybrid sharding (see the module docstring): replicate_group= the ranks holding the same
+    shards on the other replicas, or mesh= a 2-D DeviceMesh (replicate, shard) in place of
+    both groups (a 1-D mesh: the shard group).
 
     param_dtype: mixed precision as FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype=
     float32) does it (see the module docstring): floating-point parameters are gathered in this
@@ -261,16 +323,25 @@ def shard(module: nn.Module, group=None, *, config=None, param_dtype: Optional[t
                                         and param_dtype.is_floating_point):
         raise TypeError("deepcompile_remat.zero3.shard: param_dtype must be a floating-point "
                         f"torch.dtype (torch.bfloat16, say) or None, got {param_dtype!r}")
+    group, replicate_group = _groups_of_mesh(mesh, group, replicate_group)
     group = _resolve_group(group)
-    _check_group_is_data_parallel(group, group_is_data_parallel)
+    if replicate_group is not None:
+        _check_replicate_group(group, replicate_group)
+    _check_group_is_data_parallel(group, group_is_data_parallel, replicate_group)
     _check_backend_serves(module, group)
     settings = {"config passed to shard()": config is not None,
-                "param_dtype": str(param_dtype)}
+                "param_dtype": str(param_dtype),
+                "replicas": 1 if replicate_group is None else dist.get_world_size(replicate_group)}
     if config is not None:
         settings.update({f"RematConfig.{k}": v for k, v in config.as_dict().items()})
     check_ranks_agree(settings, "deepcompile_remat.zero3.shard", group)
     _check_ranks_agree(module, group)
+    if replicate_group is not None:
+        check_ranks_agree(settings, "deepcompile_remat.zero3.shard", replicate_group)
+        _check_ranks_agree(module, replicate_group)
+    custom_ops.set_replicate_group(group, replicate_group)
     _shard_modules(module, group, reuse={}, param_dtype=param_dtype)
+    _replicate(module, group)
     if param_dtype is not None:
         module.register_forward_pre_hook(_input_cast(param_dtype), with_kwargs=True)
     return module
@@ -390,7 +461,7 @@ def gathered_parameters(module: nn.Module, modifier_rank: Optional[int] = None):
     of another shape all work); on exit they are re-sharded. Every rank must enter it.
 
     modifier_rank: the rank (in the shard group) whose parameters win: they are broadcast to
-    every rank on exit. None: every rank must make the same change, which is checked (a
+    every rank on exit (under hybrid sharding, the first replica's win across replicas). None: every rank must make the same change, which is checked (a
     fingerprint of every parameter) and an error names the first that differs.
     A parameter whose shape and dtype did not change is written back into its old shard
     object, so optimizers built before keep working; a new or reshaped parameter gets a new
@@ -425,6 +496,7 @@ def gathered_parameters(module: nn.Module, modifier_rank: Optional[int] = None):
                             f"differs between this rank and rank {r} of the group after the "
                             f"block; pass modifier_rank= to take one rank's values")
         _shard_modules(module, group, reuse=shard_of, param_dtype=param_dtype)
+        _replicate(module, group)
 
 
 def _param_dtype_of(module: nn.Module) -> Optional[torch.dtype]:

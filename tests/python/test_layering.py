@@ -44,8 +44,9 @@ ALLOWED: dict[str, set[str]] = {
                 "partition", "zero3"},
     # the block's key table, made from RematConfig's field docstrings (README.md's)
     "config_keys": {"config"},
+    "traffic": {PACKAGE_API, "bench", "harness", "zero3"},
     # the deepcompile-remat command
-    "cli": {"bench", "config_keys", "profile"},
+    "cli": {"bench", "config_keys", "profile", "traffic"},
     "__main__": {"cli"},
 }
 
