@@ -25,7 +25,7 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.config import RematConfig
-from deepcompile_remat.fx_values import observed_bytes, symbolic_bytes
+from deepcompile_remat.fx_values import OP_NAMESPACE, observed_bytes, symbolic_bytes
 from deepcompile_remat.partition import budget, cse, dce, extract, fx_export, report
 
 PartitionConflictError = _C.PartitionConflictError
@@ -79,7 +79,7 @@ def _collectives_of(tag: str, gm: fx.GraphModule) -> tuple[str, ...]:
     out = []
     for n in gm.graph.nodes:
         if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace in (
-                "dcr", "_c10d_functional"):
+                OP_NAMESPACE, "_c10d_functional"):
             val = n.meta.get("val")
             vals = val if isinstance(val, (list, tuple)) else [val]
             tensors = [v for v in vals if isinstance(v, torch.Tensor)]

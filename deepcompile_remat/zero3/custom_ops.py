@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from deepcompile_remat import comm
 from deepcompile_remat.comm.collectives import backend_name
+from deepcompile_remat.fx_values import OP_NAMESPACE, OPS
 
 
 class CommStats:
@@ -110,7 +111,7 @@ def _full_like(shard, world_size, dtype):
     return shard.new_empty(world_size * shard.numel(), dtype=shard.dtype if dtype is None else dtype)
 
 
-@torch.library.custom_op("dcr::allgather_cast_start", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_start", mutates_args=())
 def allgather_cast_start(shard: torch.Tensor, world_size: int, group_name: str,
                          dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Starts gathering `shard` from all `world_size` ranks, cast to `dtype` (None: no cast), and
@@ -124,7 +125,7 @@ def _(shard, world_size, group_name, dtype=None):
     return _full_like(shard, world_size, dtype)
 
 
-@torch.library.custom_op("dcr::allgather_cast_wait", mutates_args=("full",))
+@torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_wait", mutates_args=("full",))
 def allgather_cast_wait(full: torch.Tensor) -> None:
     """Waits for the gather allgather_cast_start began into `full`; a RuntimeError when none is
     in flight there."""
@@ -136,7 +137,7 @@ def _(full):
     return None
 
 
-@torch.library.custom_op("dcr::allgather_cast", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast", mutates_args=())
 def allgather_cast(shard: torch.Tensor, world_size: int, group_name: str,
                    dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """The full flat parameter: `shard` gathered from all `world_size` ranks, cast to `dtype`
@@ -169,7 +170,7 @@ def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str) -
     return out
 
 
-@torch.library.custom_op("dcr::reduce_scatter_grad", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad", mutates_args=())
 def reduce_scatter_grad(full_grad: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
     """This rank's shard of the gradient averaged over the group: `full_grad` reduce-scattered
     (a copy when world_size is 1)."""
@@ -191,13 +192,13 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad):
     grad = grad.to(ctx.shard_dtype)
-    return torch.ops.dcr.reduce_scatter_grad(grad, ctx.world_size, ctx.group_name), None, None, None
+    return OPS.reduce_scatter_grad(grad, ctx.world_size, ctx.group_name), None, None, None
 
 
 allgather_cast.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("dcr::allgather_cast_bucket", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_bucket", mutates_args=())
 def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_name: str,
                           dtype: Optional[torch.dtype] = None) -> list[torch.Tensor]:
     """One collective for a bucket of small parameters: every shard is cast into this rank's
@@ -236,7 +237,7 @@ def _(shards, world_size, group_name, dtype=None):
             for s in shards]
 
 
-@torch.library.custom_op("dcr::reduce_scatter_grad_bucket", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket", mutates_args=())
 def reduce_scatter_grad_bucket(full_grads: list[torch.Tensor], world_size: int,
                                group_name: str) -> list[torch.Tensor]:
     """reduce_scatter_grad of each full gradient, in one collective: rank r's slots of all of

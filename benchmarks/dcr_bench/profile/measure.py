@@ -112,7 +112,7 @@ def budget_figures(budget: Optional[float], reports: list) -> dict:
 def budget_infeasible(err: BaseException):
     """The BudgetInfeasibleError behind `err` (torch.compile wraps what a backend raises in
     BackendCompilerFailed), or None."""
-    from deepcompile_remat.partition.budget import BudgetInfeasibleError
+    from deepcompile_remat import BudgetInfeasibleError
 
     seen = set()
     while err is not None and id(err) not in seen:
