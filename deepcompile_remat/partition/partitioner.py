@@ -1,6 +1,6 @@
-"""build_partition_fn: AOTAutograd's partition contract, decided by the C++ min-cut.
+"""remat_partition_fn: AOTAutograd's partition contract, decided by the C++ min-cut.
 
-    partition_fn = build_partition_fn(config, hooks=...)
+    partition_fn = remat_partition_fn(config, hooks=...)
     fw_module, bw_module = partition_fn(joint_module, joint_inputs, num_fwd_outputs=k)
 
 Steps: clean the joint graph (DCE, CSE, hooks' joint rewrites, torch's force-save rules for
@@ -258,7 +258,7 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
     return fw_module, bw_module
 
 
-def build_partition_fn(
+def remat_partition_fn(
     config: RematConfig,
     *,
     parameter_indices: Optional[Sequence[int]] = None,
@@ -266,9 +266,10 @@ def build_partition_fn(
     hooks: Sequence[PartitionHook] = (),
     torch_passes: bool = False,
 ) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
-    """Our min-cut partition function with AOTAutograd's contract, bound to `config`; it runs
-    whatever config.enabled says (the off switch is deepcompile_remat.make_partition_fn's,
-    which callers use). parameter_indices (default: config.parameter_indices, else
+    """Our (remat) min-cut partition function with AOTAutograd's contract, bound to `config`;
+    it runs whatever config.enabled says. The public deepcompile_remat.make_partition_fn is
+    the one callers use: it holds the off switch (torch's partitioner) and plugs in the ZeRO-3
+    hooks. parameter_indices (default: config.parameter_indices, else
     AOTAutograd's static-lifetime inputs) count the num_graph_inputs inputs a backend saw;
     hooks add graph passes; torch_passes swaps in torch's cleaning and extraction (for
     benchmarks); see partition_joint_graph."""

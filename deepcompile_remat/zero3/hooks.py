@@ -1,6 +1,6 @@
 """The ZeRO-3 runtime's hooks into the partitioner: what it adds around the cut.
 
-    partition_fn = make_partition_fn(config, hooks=[Zero3Hooks(config)])
+    partition_fn = remat_partition_fn(config, hooks=[Zero3Hooks(config)])  # backends.py
 
 rewrite_joint runs on the joint graph before the cut (cast-before-gather, so the backward's
 re-gathers are downcast too); after_extract reorders the forward and backward graphs (the C++

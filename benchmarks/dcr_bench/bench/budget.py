@@ -229,9 +229,9 @@ def run_ours(cap: bench_partition.JointCapture, memory_budget: float, policy: st
     """Our partitioner at RematConfig(memory_budget=...), on a copy of the joint graph:
     (forward, backward, BudgetSummary). Raises BudgetInfeasibleError below our smallest cut."""
     from deepcompile_remat.config import RematConfig
-    from deepcompile_remat.partition import build_partition_fn, reports
+    from deepcompile_remat.partition import remat_partition_fn, reports
 
-    partition_fn = build_partition_fn(RematConfig(policy=policy, memory_budget=memory_budget))
+    partition_fn = remat_partition_fn(RematConfig(policy=policy, memory_budget=memory_budget))
     with compiling(cap):
         fw, bw = partition_fn(copy.deepcopy(cap.joint), [], num_fwd_outputs=cap.num_fwd_outputs,
                               static_lifetime_input_indices=cap.static_lifetime_input_indices)

@@ -10,7 +10,7 @@ number of compute-intensive forward ops each recomputes in the backward.
 End-to-end speed (--graphs: the 24-layer GPT encoder, a 16-layer transformers Llama): medians
 of --reps calls, alternated so load changes hit all alike, of torch's whole call, ours, and
 ours "before" (FX's DCE, torch's fx_graph_cse and torch's extraction: the passes ours
-replaced; build_partition_fn(..., torch_passes=True)), with our phases (PartitionReport's
+replaced; remat_partition_fn(..., torch_passes=True)), with our phases (PartitionReport's
 prepare / export / solve / extract, extract split into place / order / build) and the min-max
 spread.
 
@@ -160,7 +160,7 @@ def bench_one(layers: int, *, d_model: int, seq: int, autocast: bool, policy: st
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from deepcompile_remat.config import RematConfig
-    from deepcompile_remat.partition import build_partition_fn
+    from deepcompile_remat.partition import remat_partition_fn
     from deepcompile_remat.partition.fx_export import is_primal
 
     cap = capture_joint_graph(layers, d_model=d_model, seq=seq, autocast=autocast)
@@ -174,7 +174,7 @@ def bench_one(layers: int, *, d_model: int, seq: int, autocast: bool, policy: st
 
     from deepcompile_remat.partition import reports
 
-    ours_fn = build_partition_fn(RematConfig(policy=policy))
+    ours_fn = remat_partition_fn(RematConfig(policy=policy))
     joint = copy.deepcopy(cap.joint)
     t0 = time.perf_counter()
     fw, bw = ours_fn(joint, [], **kwargs)
@@ -312,10 +312,10 @@ def measure_speed(name: str, cap: JointCapture, reps: int, policy: str) -> list[
     """torch, ours before and ours, alternated `reps` times after one untimed warm-up call
     each (imports, op tables, caches); one SpeedRow each."""
     from deepcompile_remat.config import RematConfig
-    from deepcompile_remat.partition import build_partition_fn
+    from deepcompile_remat.partition import remat_partition_fn
 
     # "before": the same cut with the passes ours replaced (torch's cleaning and extraction).
-    ours_fn = {before: build_partition_fn(RematConfig(policy=policy), torch_passes=before)
+    ours_fn = {before: remat_partition_fn(RematConfig(policy=policy), torch_passes=before)
                for before in (True, False)}
     time_torch(cap), time_ours(cap, ours_fn[True]), time_ours(cap, ours_fn[False])
     torch_s, runs = [], {True: [], False: []}
@@ -388,7 +388,7 @@ def compile_once(name: str, kind: str, *, before: bool, tiny: bool = False) -> d
     with contextlib.ExitStack() as stack:
         stack.enter_context(inductor_config.patch(fx_graph_cache=False))
         stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
-        partitioner.partition_joint_graph = timed  # build_partition_fn's closure looks it up
+        partitioner.partition_joint_graph = timed  # remat_partition_fn's closure looks it up
         stack.callback(setattr, partitioner, "partition_joint_graph", real)
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend=backend(kind))
