@@ -101,8 +101,8 @@ def _wait(full: torch.Tensor) -> None:
     try:
         handle = _in_flight.pop(_key(full))
     except KeyError:
-        raise RuntimeError("dcr::allgather_cast_wait: no gather in flight into this tensor (a "
-                           "wait without its start, or waited twice)") from None
+        raise RuntimeError(f"{OP_NAMESPACE}::allgather_cast_wait: no gather in flight into this "
+                           "tensor (a wait without its start, or waited twice)") from None
     if handle is not None:
         handle.wait()
 
@@ -227,7 +227,7 @@ def _check_one_buffer(op: str, what: str, tensors) -> None:
 
 
 def _check_bucket(shards) -> None:
-    _check_one_buffer("dcr::allgather_cast_bucket", "shard", shards)
+    _check_one_buffer(f"{OP_NAMESPACE}::allgather_cast_bucket", "shard", shards)
 
 
 @allgather_cast_bucket.register_fake
@@ -253,11 +253,11 @@ def reduce_scatter_grad_bucket(full_grads: list[torch.Tensor], world_size: int,
 
 
 def _check_grad_bucket(full_grads, world_size: int) -> None:
-    _check_one_buffer("dcr::reduce_scatter_grad_bucket", "gradient", full_grads)
+    _check_one_buffer(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket", "gradient", full_grads)
     for i, g in enumerate(full_grads):
         if g.numel() % world_size:
-            raise ValueError(f"dcr::reduce_scatter_grad_bucket: gradient {i} has {g.numel()} "
-                             f"elements, not a multiple of the world size {world_size}")
+            raise ValueError(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket: gradient {i} has "
+                             f"{g.numel()} elements, not a multiple of the world size {world_size}")
 
 
 @reduce_scatter_grad_bucket.register_fake

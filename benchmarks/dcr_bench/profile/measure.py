@@ -14,8 +14,9 @@ allocated); step time is the median over the timed steps after warm-up; a barrie
 timed step.
 
 A budget cell ("ours@B", RematConfig.memory_budget) also records what budget mode decided,
-summed over the step's graphs (PartitionReport.budget). A budget below the smallest legal cut
-fails the compile (BudgetInfeasibleError); the cell then gives an infeasible row (its figures
+summed over the step's graphs (PartitionReport.budget). A byte budget (> 1) below the smallest
+legal cut fails the compile (BudgetInfeasibleError; a fraction never does, 0 is that smallest
+cut); the cell then gives an infeasible row (its figures
 NaN, min_budget_bytes the smallest feasible) and the matrix goes on. Every rank compiles the
 same graphs and decides alike, so every rank fails at the same point, before any collective
 of that graph.
