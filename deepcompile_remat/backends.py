@@ -47,7 +47,7 @@ def make_partition_fn(config: Optional[RematConfig] = None, *,
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         return min_cut_rematerialization_partition
-    return partitioner.build_partition_fn(config, parameter_indices=parameter_indices,
+    return partitioner.remat_partition_fn(config, parameter_indices=parameter_indices,
                                           num_graph_inputs=num_graph_inputs,
                                           hooks=(Zero3Hooks(config),))
 

@@ -81,11 +81,12 @@ class RematConfig:
     """How many PartitionReports this process keeps (oldest dropped first)."""
     memory_budget: Optional[float] = field(default=None, metadata={"min": 0})
     """Memory-budget mode (partition/budget.py): None (default) is the ordinary cut. A number
-    <= 1 is a fraction of the bytes the ordinary cut saves (1.0: as much as it, 0.5: half);
-    a number > 1 is bytes per joint graph. The cut then recomputes whatever costs the fewest
-    flops while the saved bytes stay within the budget, always with the ZeRO-3 marking and
-    the RNG rules. A budget below the smallest any legal cut reaches raises
-    BudgetInfeasibleError naming that smallest one."""
+    <= 1 is a fraction of the bytes the ordinary cut saves (1.0: as much as it, 0.5: half),
+    raised to the smallest legal cut where it falls below, so 0 means the least memory (as
+    torch's activation_memory_budget=0); a number > 1 is bytes per joint graph. The cut then
+    recomputes whatever costs the fewest flops while the saved bytes stay within the budget,
+    always with the ZeRO-3 marking and the RNG rules. A byte budget below the smallest any
+    legal cut reaches raises BudgetInfeasibleError naming that smallest one."""
     backend: Optional[BackendKind] = None
     """The torch.compile backend kind: "inductor" or "eager" (the partitioned FX graphs run
     as they are). null: "inductor" unless the caller picks one (deepcompile_remat.backend(kind),

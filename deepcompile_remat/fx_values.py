@@ -1,6 +1,6 @@
 """Facts about FX nodes that the partitioner and the ZeRO-3 passes both need, in one neutral
-place: what a value costs in bytes, and whether a node only aliases (views) its input
-(and which node's storage it shares).
+place: what a value costs in bytes, whether a node only aliases (views) its input (and which
+node's storage it shares), and which namespace our own ops live in (OP_NAMESPACE).
 
 Symbolic sizes are costed by their hints (fallback 4096 elements, as torch's partitioner does)
 in a single process. Under a process group of several ranks they are costed rank-independently
@@ -18,6 +18,14 @@ import torch
 import torch.fx as fx
 
 SYMBOL_SIZE_WITHOUT_HINT = 4096
+
+OP_NAMESPACE = "dcr"
+"""The torch.library namespace of deepcompile_remat's custom ops (zero3/custom_ops.py registers
+them as "dcr::<name>"); the ZeRO-3 passes find their ops by it and the partitioner counts them
+as collectives. Written here once: every other module reads it or OPS."""
+OPS = getattr(torch.ops, OP_NAMESPACE)
+"""torch.ops.dcr: OPS.<name>.default is an op's overload (looked up when first asked for, so
+this works before zero3/custom_ops.py registers the ops)."""
 
 
 def _several_ranks() -> bool:

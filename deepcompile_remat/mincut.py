@@ -17,11 +17,7 @@ import numpy as np
 
 from deepcompile_remat import _C
 
-UnboundedCutError = _C.UnboundedCutError
-UnboundedCutError.__doc__ = (
-    "Raised when the source reaches the sink through infinite-capacity arcs only; "
-    "`.path` holds one such path of node ids. A subclass of ValueError."
-)
+UnboundedCutError = _C.UnboundedCutError  # documented in the package's __init__
 
 ArrayLike = Union[Sequence[int], Sequence[float], np.ndarray]
 

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from dcr_bench.bench import budget as bench_budget
 from dcr_bench.bench import deepspeed_bench
-from dcr_bench.bench import partition as bench_partition
+from dcr_bench.bench.partition import command as bench_partition
 from dcr_bench.bench import solver as bench_solver
 from dcr_bench import config_keys
 from dcr_bench.profile import command as profile_command

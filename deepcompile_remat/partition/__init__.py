@@ -1,8 +1,8 @@
 """Which forward values the backward keeps (FX bridge over csrc/partition)."""
 from deepcompile_remat.partition.partitioner import (
     PartitionConflictError,
-    build_partition_fn,
     partition_joint_graph,
+    remat_partition_fn,
 )
 from deepcompile_remat.partition.report import (
     PartitionReport,

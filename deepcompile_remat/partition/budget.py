@@ -9,7 +9,8 @@ FX nodes.
 
     graph = fx_export.export_joint_graph(joint, num_fwd_outputs=k, ...)
     sweep = BudgetSweep(graph, policy="conservative")
-    decision = sweep.choose(resolve_budget(0.5, sweep.default_saved_bytes()))
+    decision = sweep.choose(resolve_budget(0.5, sweep.default_saved_bytes(),
+                                           sweep.min_saved_bytes()))
 
 The partitioner calls decide() when RematConfig.memory_budget is set; the report then
 carries a BudgetSummary (partition/report.py).
@@ -206,6 +207,11 @@ class BudgetSweep:
         """Recompute cost of one whole forward (sum over the priced nodes)."""
         return self._solver.one_forward_cost
 
+    def min_saved_bytes(self) -> float:
+        """Saved bytes of the smallest legal cut (the hull's low end): the least any budget
+        can get."""
+        return self.hull()[0].saved_bytes
+
     def default_saved_bytes(self) -> float:
         """Saved bytes (1x, static inputs free) of the default cut under the same policy: what
         a fractional budget is a fraction of."""
@@ -215,26 +221,31 @@ class BudgetSweep:
         return float(sum(save_bytes[i] for i in cut.saved_nodes))
 
 
-def resolve_budget(memory_budget: float, default_saved_bytes: float) -> float:
-    """Budget in bytes (RematConfig.memory_budget): a number <= 1 is a fraction of what the
-    default cut saves; a number > 1 is bytes per graph."""
+def resolve_budget(memory_budget: float, default_saved_bytes: float,
+                   min_saved_bytes: float) -> float:
+    """Budget in bytes (RematConfig.memory_budget). A number <= 1 is a fraction of what the
+    default cut saves, raised to min_saved_bytes (the smallest legal cut's) where it falls
+    below: as with torch's activation_memory_budget, a fraction never fails, and 0 asks for
+    the least memory. A number > 1 is bytes per graph, taken as it is: below min_saved_bytes
+    the choice raises BudgetInfeasibleError naming that minimum (a byte count is a limit the
+    caller set; quietly exceeding it would hide that it cannot hold)."""
     if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)):
         raise TypeError(f"memory_budget must be a number, got {type(memory_budget).__name__}")
     if not math.isfinite(memory_budget) or memory_budget < 0:
         raise ValueError(f"memory_budget must be >= 0 and finite, got {memory_budget}")
     if memory_budget <= 1:
-        return float(math.floor(memory_budget * default_saved_bytes))
+        return max(float(math.floor(memory_budget * default_saved_bytes)), min_saved_bytes)
     return float(math.floor(memory_budget))
 
 
 def decide(graph: fx_export.ExportedJointGraph, *, memory_budget: float, policy: str,
            mark_parameter_aliases: bool) -> tuple[np.ndarray, np.ndarray, BudgetDecision, float]:
     """The partitioner's budget-mode decision: (saved node ids, node_info, BudgetDecision,
-    the default cut's saved bytes). Raises BudgetInfeasibleError below the smallest feasible
-    budget."""
+    the default cut's saved bytes). Raises BudgetInfeasibleError for a byte budget below the
+    smallest feasible one (resolve_budget)."""
     sweep = BudgetSweep(graph, policy=policy, mark_parameter_aliases=mark_parameter_aliases)
     default = sweep.default_saved_bytes()
-    decision = sweep.choose(resolve_budget(memory_budget, default))
+    decision = sweep.choose(resolve_budget(memory_budget, default, sweep.min_saved_bytes()))
     return decision.point.saved_ids, sweep.node_info, decision, default
 
 

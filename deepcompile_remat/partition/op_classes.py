@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from deepcompile_remat import _C
+from deepcompile_remat.fx_values import OP_NAMESPACE
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -35,7 +36,7 @@ _EXTRA_COMPUTE_INTENSIVE = _packets(
     "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_backward",
     "_efficient_attention_backward", "_scaled_dot_product_flash_attention_for_cpu_backward")
 # Gathers that are not functional collectives: our own runtime ops (deepcompile_remat.zero3).
-GATHER_NAMESPACES = {"_c10d_functional", "c10d_functional", "dcr"}
+GATHER_NAMESPACES = {"_c10d_functional", "c10d_functional", OP_NAMESPACE}
 
 
 @functools.lru_cache(maxsize=1)

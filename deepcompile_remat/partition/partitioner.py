@@ -1,6 +1,6 @@
-"""build_partition_fn: AOTAutograd's partition contract, decided by the C++ min-cut.
+"""remat_partition_fn: AOTAutograd's partition contract, decided by the C++ min-cut.
 
-    partition_fn = build_partition_fn(config, hooks=...)
+    partition_fn = remat_partition_fn(config, hooks=...)
     fw_module, bw_module = partition_fn(joint_module, joint_inputs, num_fwd_outputs=k)
 
 Steps: clean the joint graph (DCE, CSE, hooks' joint rewrites, torch's force-save rules for
@@ -25,7 +25,7 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.config import RematConfig
-from deepcompile_remat.fx_values import observed_bytes, symbolic_bytes
+from deepcompile_remat.fx_values import OP_NAMESPACE, observed_bytes, symbolic_bytes
 from deepcompile_remat.partition import budget, cse, dce, extract, fx_export, report
 
 PartitionConflictError = _C.PartitionConflictError
@@ -79,7 +79,7 @@ def _collectives_of(tag: str, gm: fx.GraphModule) -> tuple[str, ...]:
     out = []
     for n in gm.graph.nodes:
         if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace in (
-                "dcr", "_c10d_functional"):
+                OP_NAMESPACE, "_c10d_functional"):
             val = n.meta.get("val")
             vals = val if isinstance(val, (list, tuple)) else [val]
             tensors = [v for v in vals if isinstance(v, torch.Tensor)]
@@ -259,7 +259,7 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
     return fw_module, bw_module
 
 
-def build_partition_fn(
+def remat_partition_fn(
     config: RematConfig,
     *,
     parameter_indices: Optional[Sequence[int]] = None,
@@ -267,9 +267,10 @@ def build_partition_fn(
     hooks: Sequence[PartitionHook] = (),
     torch_passes: bool = False,
 ) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
-    """Our min-cut partition function with AOTAutograd's contract, bound to `config`; it runs
-    whatever config.enabled says (the off switch is deepcompile_remat.make_partition_fn's,
-    which callers use). parameter_indices (default: config.parameter_indices, else
+    """Our (remat) min-cut partition function with AOTAutograd's contract, bound to `config`;
+    it runs whatever config.enabled says. The public deepcompile_remat.make_partition_fn is
+    the one callers use: it holds the off switch (torch's partitioner) and plugs in the ZeRO-3
+    hooks. parameter_indices (default: config.parameter_indices, else
     AOTAutograd's static-lifetime inputs) count the num_graph_inputs inputs a backend saw;
     hooks add graph passes; torch_passes swaps in torch's cleaning and extraction (for
     benchmarks); see partition_joint_graph."""

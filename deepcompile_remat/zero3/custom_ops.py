@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from deepcompile_remat import comm
 from deepcompile_remat.comm.collectives import backend_name
+from deepcompile_remat.fx_values import OP_NAMESPACE, OPS
 
 
 class CommStats:
@@ -108,8 +109,8 @@ def _wait(full: torch.Tensor) -> None:
     try:
         handle = _in_flight.pop(_key(full))
     except KeyError:
-        raise RuntimeError("dcr::allgather_cast_wait: no gather in flight into this tensor (a "
-                           "wait without its start, or waited twice)") from None
+        raise RuntimeError(f"{OP_NAMESPACE}::allgather_cast_wait: no gather in flight into this "
+                           "tensor (a wait without its start, or waited twice)") from None
     if handle is not None:
         handle.wait()
 
@@ -118,7 +119,7 @@ def _full_like(shard, world_size, dtype):
     return shard.new_empty(world_size * shard.numel(), dtype=shard.dtype if dtype is None else dtype)
 
 
-@torch.library.custom_op("dcr::allgather_cast_start", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_start", mutates_args=())
 def allgather_cast_start(shard: torch.Tensor, world_size: int, group_name: str,
                          dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Starts gathering `shard` from all `world_size` ranks, cast to `dtype` (None: no cast), and
@@ -132,7 +133,7 @@ def _(shard, world_size, group_name, dtype=None):
     return _full_like(shard, world_size, dtype)
 
 
-@torch.library.custom_op("dcr::allgather_cast_wait", mutates_args=("full",))
+@torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_wait", mutates_args=("full",))
 def allgather_cast_wait(full: torch.Tensor) -> None:
     """Waits for the gather allgather_cast_start began into `full`; a RuntimeError when none is
     in flight there."""
@@ -144,7 +145,7 @@ def _(full):
     return None
 
 
-@torch.library.custom_op("dcr::allgather_cast", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast", mutates_args=())
 def allgather_cast(shard: torch.Tensor, world_size: int, group_name: str,
                    dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """The full flat parameter: `shard` gathered from all `world_size` ranks, cast to `dtype`
@@ -177,7 +178,7 @@ def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str) -
     return out
 
 
-@torch.library.custom_op("dcr::reduce_scatter_grad", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad", mutates_args=())
 def reduce_scatter_grad(full_grad: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
     """This rank's shard of the gradient averaged over the group: `full_grad` reduce-scattered
     (a copy when world_size is 1)."""
@@ -199,7 +200,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad):
     grad = grad.to(ctx.shard_dtype)
-    shard_grad = torch.ops.dcr.reduce_scatter_grad(grad, ctx.world_size, ctx.group_name)
+    shard_grad = OPS.reduce_scatter_grad(grad, ctx.world_size, ctx.group_name)
     return average_over_replicas(shard_grad, ctx.group_name), None, None, None
 
 
@@ -239,11 +240,11 @@ def average_over_replicas(shard_grad: torch.Tensor, group_name: str) -> torch.Te
     replicate = replicate_group_of(resolve_group(group_name)) if dist.is_initialized() else None
     if replicate is None:
         return shard_grad
-    return torch.ops.dcr.allreduce_replicas(shard_grad, dist.get_world_size(replicate),
+    return OPS.allreduce_replicas(shard_grad, dist.get_world_size(replicate),
                                             replicate.group_name)
 
 
-@torch.library.custom_op("dcr::allreduce_replicas", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::allreduce_replicas", mutates_args=())
 def allreduce_replicas(grad_shard: torch.Tensor, replicas: int, group_name: str) -> torch.Tensor:
     """The mean of `grad_shard` over the `replicas` ranks of group `group_name` (a new
     tensor): sum all-reduce, then divide (gloo has no AVG)."""
@@ -264,7 +265,7 @@ def _(grad_shard, replicas, group_name):
 allgather_cast.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("dcr::allgather_cast_bucket", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_bucket", mutates_args=())
 def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_name: str,
                           dtype: Optional[torch.dtype] = None) -> list[torch.Tensor]:
     """One collective for a bucket of small parameters: every shard is cast into this rank's
@@ -293,7 +294,7 @@ def _check_one_buffer(op: str, what: str, tensors) -> None:
 
 
 def _check_bucket(shards) -> None:
-    _check_one_buffer("dcr::allgather_cast_bucket", "shard", shards)
+    _check_one_buffer(f"{OP_NAMESPACE}::allgather_cast_bucket", "shard", shards)
 
 
 @allgather_cast_bucket.register_fake
@@ -303,7 +304,7 @@ def _(shards, world_size, group_name, dtype=None):
             for s in shards]
 
 
-@torch.library.custom_op("dcr::reduce_scatter_grad_bucket", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket", mutates_args=())
 def reduce_scatter_grad_bucket(full_grads: list[torch.Tensor], world_size: int,
                                group_name: str) -> list[torch.Tensor]:
     """reduce_scatter_grad of each full gradient, in one collective: rank r's slots of all of
@@ -319,11 +320,11 @@ def reduce_scatter_grad_bucket(full_grads: list[torch.Tensor], world_size: int,
 
 
 def _check_grad_bucket(full_grads, world_size: int) -> None:
-    _check_one_buffer("dcr::reduce_scatter_grad_bucket", "gradient", full_grads)
+    _check_one_buffer(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket", "gradient", full_grads)
     for i, g in enumerate(full_grads):
         if g.numel() % world_size:
-            raise ValueError(f"dcr::reduce_scatter_grad_bucket: gradient {i} has {g.numel()} "
-                             f"elements, not a multiple of the world size {world_size}")
+            raise ValueError(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket: gradient {i} has "
+                             f"{g.numel()} elements, not a multiple of the world size {world_size}")
 
 
 @reduce_scatter_grad_bucket.register_fake

@@ -21,13 +21,13 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.fx_arrays import compatibility_keys, graph_arrays
-from deepcompile_remat.fx_values import value_bytes
+from deepcompile_remat.fx_values import OPS, value_bytes
 from deepcompile_remat.zero3.bucketing import members_by_bucket, replace_with_bucket
 
 
 def _is_reduce_scatter(node: fx.Node) -> bool:
     return node.op == "call_function" and \
-        node.target is torch.ops.dcr.reduce_scatter_grad.default
+        node.target is OPS.reduce_scatter_grad.default
 
 
 def _reduce_scatter_key(node: fx.Node) -> tuple:
@@ -55,7 +55,7 @@ def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
     buckets = members_by_bucket(candidates, bucket_of)
     for members in buckets:
         last = members[-1]
-        replace_with_bucket(gm, members, last, torch.ops.dcr.reduce_scatter_grad_bucket.default,
+        replace_with_bucket(gm, members, last, OPS.reduce_scatter_grad_bucket.default,
                             ([m.args[0] for m in members], last.args[1], last.args[2]), {})
     if buckets:
         gm.graph.lint()

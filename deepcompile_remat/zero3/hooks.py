@@ -1,6 +1,6 @@
 """The ZeRO-3 runtime's hooks into the partitioner: what it adds around the cut.
 
-    partition_fn = make_partition_fn(config, hooks=[Zero3Hooks(config)])
+    partition_fn = remat_partition_fn(config, hooks=[Zero3Hooks(config)])  # backends.py
 
 rewrite_joint runs on the joint graph before the cut (cast-before-gather, so the backward's
 re-gathers are downcast too); after_extract reorders the forward and backward graphs (the C++
@@ -17,14 +17,15 @@ import torch
 import torch.fx as fx
 
 from deepcompile_remat.config import RematConfig
+from deepcompile_remat.fx_values import OP_NAMESPACE
 from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
 from deepcompile_remat.zero3.passes import cast_before_gather
 from deepcompile_remat.zero3.schedule import ScheduleFigures, ScheduleOptions, schedule_gathers
 
 
 def has_gathers(gm: fx.GraphModule) -> bool:
-    """Whether `gm` has any of our (torch.ops.dcr) ops."""
-    return any(isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "dcr"
+    """Whether `gm` has any of our (OP_NAMESPACE) ops."""
+    return any(isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == OP_NAMESPACE
                for n in gm.graph.nodes)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from deepcompile_remat.fx_values import is_view
+from deepcompile_remat.fx_values import OPS, is_view
 
 aten, prims = torch.ops.aten, torch.ops.prims
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -20,7 +20,7 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 def is_allgather_cast(node: fx.Node) -> bool:
     """True for a dcr::allgather_cast call in an FX graph."""
-    return node.op == "call_function" and node.target is torch.ops.dcr.allgather_cast.default
+    return node.op == "call_function" and node.target is OPS.allgather_cast.default
 
 
 def gather_dtype(node: fx.Node):

@@ -19,7 +19,7 @@ import torch.fx as fx
 from deepcompile_remat import _C
 from deepcompile_remat.config import AsyncGathers, RematConfig
 from deepcompile_remat.fx_arrays import compatibility_keys, graph_arrays, memory_graph
-from deepcompile_remat.fx_values import is_alias
+from deepcompile_remat.fx_values import OPS, is_alias
 from deepcompile_remat.zero3.bucketing import members_by_bucket, replace_with_bucket
 from deepcompile_remat.zero3.passes import gather_dtype, is_allgather_cast
 
@@ -129,7 +129,7 @@ def _replace_with_bucket(gm: fx.GraphModule, members: list) -> None:
     """One dcr::allgather_cast_bucket where members[0] stands, its items in the members' place
     (the members share their _gather_key)."""
     first = members[0]
-    replace_with_bucket(gm, members, first, torch.ops.dcr.allgather_cast_bucket.default,
+    replace_with_bucket(gm, members, first, OPS.allgather_cast_bucket.default,
                         ([m.args[0] for m in members], first.args[1], first.args[2]),
                         {"dtype": gather_dtype(first)})
 
@@ -175,7 +175,7 @@ def _split_prefetched(gm: fx.GraphModule) -> int:
     where it stands and dcr::allgather_cast_wait just before its first use: the same fused
     cast-into-slot + in-place gather, issued early, so the communication overlaps the compute
     in between."""
-    dcr = torch.ops.dcr
+    dcr = OPS
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
     split = 0
     for gather in [n for n in gm.graph.nodes if is_allgather_cast(n)]:
@@ -197,11 +197,11 @@ def _split_prefetched(gm: fx.GraphModule) -> int:
 
 
 def _is_start(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target is torch.ops.dcr.allgather_cast_start.default
+    return node.op == "call_function" and node.target is OPS.allgather_cast_start.default
 
 
 def _is_wait(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target is torch.ops.dcr.allgather_cast_wait.default
+    return node.op == "call_function" and node.target is OPS.allgather_cast_wait.default
 
 
 def limit_in_flight(gm: fx.GraphModule, limit=None) -> int:

@@ -47,7 +47,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from deepcompile_remat.config import RematConfig, check_ranks_agree
-from deepcompile_remat.zero3 import custom_ops  # noqa: F401  (registers torch.ops.dcr.*)
+from deepcompile_remat.fx_values import OPS
+from deepcompile_remat.zero3 import custom_ops  # noqa: F401  (registers OPS.*)
 from deepcompile_remat.zero3.guard import GatheredCopy, guard
 
 
@@ -108,7 +109,7 @@ def gather(shard: torch.Tensor, spec: ShardSpec, dtype: Optional[torch.dtype] = 
     """The full parameter from this rank's shard, as a traced gather (shared by every owner of
     shards: zero3.shard and the DeepSpeed takeover); dtype: cast on the way (None: the
     shard's)."""
-    full = torch.ops.dcr.allgather_cast(shard, spec.world_size, spec.group_name, dtype)
+    full = OPS.allgather_cast(shard, spec.world_size, spec.group_name, dtype)
     return full[: spec.numel].view(spec.shape)
 
 

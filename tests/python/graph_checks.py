@@ -11,14 +11,15 @@ import operator
 import torch
 import torch.fx as fx
 
+from deepcompile_remat.partition.op_classes import GATHER_NAMESPACES
+
 _CASTS = {"_to_copy", "to", "convert_element_type", "_autocast_to_reduced_precision",
           "_autocast_to_full_precision", "clone", "contiguous"}
-_GATHER_NAMESPACES = {"dcr", "_c10d_functional", "c10d_functional"}
 
 
 def _is_gather(node: fx.Node) -> bool:
     t = node.target
-    return isinstance(t, torch._ops.OpOverload) and t.namespace in _GATHER_NAMESPACES
+    return isinstance(t, torch._ops.OpOverload) and t.namespace in GATHER_NAMESPACES
 
 
 def _alias_step(node: fx.Node):

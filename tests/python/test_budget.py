@@ -67,14 +67,23 @@ def test_parameter_aliases_never_saved_at_any_budget(graph):
 
 
 def test_fraction_budget_is_of_the_default_cut(graph):
+    """A fraction is of the default cut's bytes, raised to the smallest legal cut's (0 and
+    every fraction below that floor: the least memory, never an error, as torch's
+    activation_memory_budget); a byte count > 1 is taken as it is, even below the floor (the
+    choice then refuses it). Guards against a fraction of 0 failing the compile."""
     sweep = budget.BudgetSweep(graph)
-    default = sweep.default_saved_bytes()
-    assert budget.resolve_budget(1.0, default) == default
-    assert budget.resolve_budget(0.5, default) == math.floor(default / 2)
-    assert budget.resolve_budget(4096, default) == 4096.0
+    default, least = sweep.default_saved_bytes(), sweep.min_saved_bytes()
+    assert 0 < least < default / 2
+    assert least == sweep.hull()[0].saved_bytes
+    assert budget.resolve_budget(1.0, default, least) == default
+    assert budget.resolve_budget(0.5, default, least) == math.floor(default / 2)
+    assert budget.resolve_budget(0, default, least) == least
+    assert budget.resolve_budget(least / default / 2, default, least) == least
+    assert budget.resolve_budget(4096, default, least) == 4096.0
+    assert budget.resolve_budget(2, default, least) == 2.0  # bytes: not raised to the floor
     assert sweep.choose(default).point.saved_bytes <= default
     with pytest.raises(ValueError):
-        budget.resolve_budget(-0.5, default)
+        budget.resolve_budget(-0.5, default, least)
 
 
 def test_recompute_cost_counts_matmul_flops(graph):
@@ -86,10 +95,11 @@ def test_recompute_cost_counts_matmul_flops(graph):
     assert costs[relu] == 8 * 16
 
 
-@pytest.mark.parametrize("fraction", [0.34, 0.67, 1.0])
+@pytest.mark.parametrize("fraction", [0.0, 0.01, 0.34, 0.67, 1.0])
 def test_numerics_equal_eager(fraction):
     """(e) through the partitioner proper: RematConfig(memory_budget=...) gives eager's
-    gradients bit for bit, and the report says the budget held."""
+    gradients bit for bit, and the report says the budget held. No fraction fails, however
+    small (guards against budget 0 raising BudgetInfeasibleError, as it once did)."""
     import deepcompile_remat as dcr
     from deepcompile_remat.config import RematConfig
     from deepcompile_remat.partition import clear_reports, reports
@@ -100,11 +110,7 @@ def test_numerics_equal_eager(fraction):
     clear_reports()
     nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
     part = dcr.make_partition_fn(RematConfig(memory_budget=fraction, parameter_indices=(1, 2, 3)))
-    try:
-        out = aot_function(mlp, fw_compiler=nop, bw_compiler=nop, partition_fn=part)(*args)
-    except budget.BudgetInfeasibleError as err:
-        assert fraction < 1.0 and "smallest feasible" in str(err)
-        return
+    out = aot_function(mlp, fw_compiler=nop, bw_compiler=nop, partition_fn=part)(*args)
     out.sum().backward()
     (rep,) = reports()
     assert rep.budget is not None and rep.budget.saved_bytes <= rep.budget.budget_bytes
@@ -122,6 +128,68 @@ def test_impossible_budget_names_the_smallest_feasible(graph):
         sweep.choose(smallest - 1)
     assert err.value.min_bytes == smallest and f"{smallest:.0f}" in str(err.value)
     assert sweep.choose(smallest).point.saved_bytes == smallest
+
+
+def _partition_seeing_the_hull(config, hulls: list):
+    """make_partition_fn(config), which first appends the hull of the joint graph it is handed
+    (exported as the partitioner exports it: same DCE, CSE, static inputs and parameters)."""
+    import copy
+
+    import deepcompile_remat as dcr
+    from deepcompile_remat.partition import cse, dce, fx_export
+
+    ours = dcr.make_partition_fn(config)
+
+    def partition(joint, joint_inputs, **kwargs):
+        seen = copy.deepcopy(joint)
+        dce.eliminate_dead_code(seen)
+        cse.eliminate_common_subexpressions(seen.graph)
+        graph = fx_export.export_joint_graph(
+            seen, num_fwd_outputs=kwargs["num_fwd_outputs"],
+            static_lifetime_input_indices=list(kwargs.get("static_lifetime_input_indices") or ()),
+            parameter_indices=config.parameter_indices)
+        hulls.append(budget.BudgetSweep(graph, policy=config.policy).hull())
+        return ours(joint, joint_inputs, **kwargs)
+
+    return partition
+
+
+def test_budget_zero_saves_the_least_and_a_byte_budget_below_it_raises():
+    """memory_budget=0 is the smallest legal cut (the hull's low end: its bytes exactly) with
+    eager's gradients, not an error; a byte budget under that minimum still raises
+    BudgetInfeasibleError naming it. Guards against budget 0 failing the compile (it raised
+    'infeasible (min 128 bytes)'), and against a clamp that would also swallow a byte limit."""
+    import deepcompile_remat as dcr
+    from deepcompile_remat.config import RematConfig
+    from deepcompile_remat.partition import clear_reports, reports
+
+    ref = _inputs(1)
+    mlp(*ref).sum().backward()
+    args = _inputs(1)
+    clear_reports()
+    hulls = []
+    nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
+    config = RematConfig(memory_budget=0, parameter_indices=(1, 2, 3))
+    out = aot_function(mlp, fw_compiler=nop, bw_compiler=nop,
+                       partition_fn=_partition_seeing_the_hull(config, hulls))(*args)
+    out.sum().backward()
+    for a, r in zip(args, ref):
+        torch.testing.assert_close(a.grad, r.grad, rtol=0, atol=0)
+    (hull,), (rep,) = hulls, reports()
+    least = hull[0]
+    assert len(hull) >= 2 and 0 < least.saved_bytes < hull[-1].saved_bytes
+    assert rep.budget.budget_bytes == least.saved_bytes
+    assert rep.budget.saved_bytes == least.saved_bytes
+    assert rep.budget.recompute_cost == least.recompute_cost  # the low end: least cost there
+    assert rep.budget.saved_bytes < rep.budget.default_saved_bytes
+
+    below = RematConfig(memory_budget=least.saved_bytes - 1, parameter_indices=(1, 2, 3))
+    assert below.memory_budget > 1, "the test needs a byte budget"
+    with pytest.raises(dcr.BudgetInfeasibleError) as err:
+        aot_function(mlp, fw_compiler=nop, bw_compiler=nop,
+                     partition_fn=_partition_seeing_the_hull(below, hulls))(*_inputs(1))
+    assert err.value.min_bytes == least.saved_bytes
+    assert f"{least.saved_bytes:.0f}" in str(err.value)
 
 
 def test_chain_budget_reaches_sqrt_n_peak():

@@ -120,7 +120,7 @@ def test_ds_config_block_parses_into_the_config():
 
 def test_make_partition_fn_is_off_when_disabled():
     """One public make_partition_fn: disabled gives torch's partitioner (the internal builder,
-    partition.build_partition_fn, always runs ours)."""
+    partition.remat_partition_fn, always runs ours)."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from deepcompile_remat import partition

@@ -17,6 +17,7 @@ pytest.importorskip("deepspeed",
 
 import deepcompile_remat as dcr  # noqa: E402
 from deepcompile_remat import zero3  # noqa: E402
+from deepcompile_remat.fx_values import OP_NAMESPACE  # noqa: E402
 from dcr_bench.harness.models import GPT  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
 from ds_utils import (assert_deepspeed_never_gathered, assert_weights_match_and_moved,  # noqa: E402
@@ -115,7 +116,7 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
     for fw, bw, _ in graphs:
         assert parameter_copies_saved(fw, bw) == []
     if precision == "autocast":  # fp32 shards used in bf16 are gathered in bf16
-        gathers = [c for c in reports[0].collectives if ":dcr::allgather_cast" in c]
+        gathers = [c for c in reports[0].collectives if f":{OP_NAMESPACE}::allgather_cast" in c]
         assert any(":bfloat16:" in c for c in gathers), gathers
 
 

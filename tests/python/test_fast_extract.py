@@ -245,7 +245,7 @@ def test_effectful_op_runs_once(effectful_tally):
 def _joint_graphs():
     """Joint graphs as AOTAutograd hands them over (zoo GPT, HF Llama, two checkpointed
     blocks)."""
-    from dcr_bench.bench.partition import capture_joint
+    from dcr_bench.bench.joint_capture import capture_joint
 
     graphs = []
     for build in (functools.partial(_zoo_case, "gpt"), functools.partial(_hf_case, "llama"),

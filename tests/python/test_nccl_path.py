@@ -18,6 +18,7 @@ import deepcompile_remat as dcr
 import recording_pg
 from deepcompile_remat import comm
 from deepcompile_remat.comm import collectives
+from deepcompile_remat.fx_values import OPS
 from deepcompile_remat.zero3.passes import gather_dtype
 from dist_utils import run_ranks
 from graph_checks import capture_partitions
@@ -30,7 +31,7 @@ PREFETCH = dcr.RematConfig(max_prefetch=2, prefetch_budget_bytes=1e12, bucket_by
 BUCKETED = dcr.RematConfig(max_prefetch=2, prefetch_budget_bytes=1e12)
 CONFIGS = {"unbucketed": PREFETCH, "bucketed": BUCKETED}
 
-_DCR = torch.ops.dcr
+_DCR = OPS
 
 
 def _check_log(records: list, world: int) -> dict:

@@ -146,24 +146,26 @@ def test_budgets_are_cells_after_the_setups():
 
 
 def test_profile_budgets(tmp_path, capsys):
-    # Two gloo ranks, a tiny GPT, eager: ours and ours@1, @0.3, @0. Each feasible budget
+    # Two gloo ranks, a tiny GPT, eager: ours and ours@1, @0.3, @0, @2. Each feasible budget
     # row holds budget mode's decision, and what it saves fits its budget; budget 1 is the
-    # ordinary cut's bytes; a smaller budget recomputes at least as much. Budget 0 is below
-    # the smallest legal cut here (ZeRO-3's marking and the RNG rules make some values
-    # unrecomputable): a row saying so, not a crash; were it feasible, it must fit too.
+    # ordinary cut's bytes; a smaller budget recomputes at least as much. Budget 0 is the
+    # smallest legal cut, a real row (it was an infeasible one), above 0 bytes here (ZeRO-3's
+    # marking and the RNG rules make some values unrecomputable); a byte budget of 2 is below
+    # it: a row saying so, not a crash.
     out = tmp_path / "out"
     assert cli.main(["profile", "--backends", "eager", "--precisions", "autocast",
-                     "--setups", "ours", "--budgets", "1", "0.3", "0", *TINY, "--steps", "1",
-                     "--warmup", "0", "--profiled-steps", "1", "--quiet",
+                     "--setups", "ours", "--budgets", "1", "0.3", "0", "2", *TINY, "--steps",
+                     "1", "--warmup", "0", "--profiled-steps", "1", "--quiet",
                      "--out", str(out)]) == 0
     text = capsys.readouterr().out
     rows, meta = results.load(str(out / "results.json"))
-    assert meta["budgets"] == [1.0, 0.3, 0.0]
-    setups = ("ours", "ours@1", "ours@0.3", "ours@0")
+    assert meta["budgets"] == [1.0, 0.3, 0.0, 2.0]
+    setups = ("ours", "ours@1", "ours@0.3", "ours@0", "ours@2")
     assert sorted((r["setup"], r["rank"]) for r in rows) == sorted(
         (s, rank) for s in setups for rank in (0, 1))
     folded = results.fold(rows)
-    ours, full, part, zero = (results.cell(folded, "eager", "autocast", s) for s in setups)
+    ours, full, part, zero, two_bytes = (results.cell(folded, "eager", "autocast", s)
+                                         for s in setups)
     assert ours["budget"] is None and not ours["infeasible"]
     for budget, c in ((1.0, full), (0.3, part)):
         assert c["budget"] == budget and not c["infeasible"] and c["budget_graphs"] >= 1
@@ -174,11 +176,12 @@ def test_profile_budgets(tmp_path, capsys):
     assert full["budget_saved_bytes"] == full["budget_default_saved_bytes"] > 0
     assert part["recompute_flops"] >= full["recompute_flops"]
     assert part["budget_saved_bytes"] < full["budget_saved_bytes"]
-    if zero["infeasible"]:
-        assert zero["min_budget_bytes"] > 0 and math.isnan(zero["peak_bytes"])
-        assert "ours@0       infeasible (min" in text
-    else:
-        assert zero["budget_saved_bytes"] <= zero["budget_bytes"] == 0
+    assert not zero["infeasible"] and zero["peak_bytes"] > 0
+    assert 0 < zero["budget_saved_bytes"] == zero["budget_bytes"] < part["budget_saved_bytes"]
+    assert zero["recompute_flops"] >= part["recompute_flops"]
+    assert two_bytes["infeasible"] and math.isnan(two_bytes["peak_bytes"])
+    assert two_bytes["min_budget_bytes"] > 2
+    assert "ours@2       infeasible (min" in text
     assert "memory budget: ours@B" in text
     assert (out / "results.csv").read_text().count("\n") == len(rows) + 1
     assert "budget_saved_bytes" in (out / "results.csv").read_text().splitlines()[0]

@@ -9,6 +9,7 @@ import torch.nn as nn
 
 import deepcompile_remat as dcr
 from deepcompile_remat import zero3
+from deepcompile_remat.fx_values import OP_NAMESPACE, OPS
 from dcr_bench.harness.models import GPT, MLP
 from dist_utils import full_grads, run_ranks
 from graph_checks import capture_partitions, parameter_copies_saved
@@ -67,7 +68,8 @@ def _train_and_compare(rank, world, kind, autocast, config=None):
             for v in rep.saved:  # parameters reach the backward as shards, never gathered
                 if v.parameter:
                     assert len(v.shape) == 1 and v.shape[0] in shard_sizes, v
-            assert any(c.startswith("bw:dcr::allgather_cast") for c in rep.collectives), \
+            regather = f"bw:{OP_NAMESPACE}::allgather_cast"
+            assert any(c.startswith(regather) for c in rep.collectives), \
                 "the backward should re-gather"
         # Independently of the marking's own report: no saved value is reached from a gather
         # through views and casts (a gathered weight kept alive into the backward).
@@ -141,16 +143,14 @@ def test_limit_in_flight_moves_waits_earlier():
     each wait moves before the next start; with no limit the order stays."""
     from deepcompile_remat.zero3.schedule import limit_in_flight
 
-    dcr_ops = torch.ops.dcr
-
     def build():
         g = torch.fx.Graph()
         shards = [g.placeholder(f"shard{i}") for i in range(3)]
-        starts = [g.call_function(dcr_ops.allgather_cast_start.default, (s, 2, "0"))
+        starts = [g.call_function(OPS.allgather_cast_start.default, (s, 2, "0"))
                   for s in shards]
         x = g.call_function(torch.ops.aten.relu.default, (shards[0],))
         for s in starts:
-            g.call_function(dcr_ops.allgather_cast_wait.default, (s,))
+            g.call_function(OPS.allgather_cast_wait.default, (s,))
         g.output((x, *starts))
         return torch.fx.GraphModule(torch.nn.Module(), g)
 
@@ -222,7 +222,8 @@ def _gathers_are_downcast(rank, world, kind):
         out = torch.compile(model, backend=dcr.backend(kind))(x)
     out.float().sum().backward()
     rep = dcr.reports()[-1]
-    gathers = [c for c in rep.collectives if ":dcr::allgather_cast" in c]  # incl. buckets
+    gather = f":{OP_NAMESPACE}::allgather_cast"  # buckets included
+    gathers = [c for c in rep.collectives if gather in c]
     assert gathers and all(":bfloat16:" in c for c in gathers), gathers
     assert any(c.startswith("bw:") for c in gathers), gathers
     zero3.CommStats.reset()
@@ -373,7 +374,7 @@ def _unmarked_bucketed_gathers_are_seen(rank, world):
     out.float().mean().backward()
     (fw, bw, _), = graphs
     assert fw.graph.find_nodes(op="call_function",
-                               target=torch.ops.dcr.allgather_cast_bucket.default)
+                               target=OPS.allgather_cast_bucket.default)
     assert parameter_copies_saved(fw, bw)
 
 
@@ -430,7 +431,7 @@ def _bucket_op_rejects_mixed_dtypes(rank, world):
     shards = [torch.randn(4, dtype=torch.bfloat16), torch.randn(4)]
     name = dist.group.WORLD.group_name
     with pytest.raises(ValueError, match="shard 1 is torch.float32 .* shard 0 is torch.bfloat16"):
-        torch.ops.dcr.allgather_cast_bucket(shards, world, name)
+        OPS.allgather_cast_bucket(shards, world, name)
 
 
 def test_bucket_op_rejects_mixed_dtypes():
@@ -444,18 +445,18 @@ def _reduce_scatter_bucket_op(rank, world):
     for dtype in (torch.float32, torch.bfloat16):
         fulls = [torch.randn(world * n, generator=g).to(dtype) for n in (3, 16, 1, 40)]
         zero3.CommStats.reset()
-        bucketed = torch.ops.dcr.reduce_scatter_grad_bucket(fulls, world, group_name)
+        bucketed = OPS.reduce_scatter_grad_bucket(fulls, world, group_name)
         assert zero3.CommStats.reduce_scatter_calls == 1
-        one_by_one = [torch.ops.dcr.reduce_scatter_grad(f, world, group_name) for f in fulls]
+        one_by_one = [OPS.reduce_scatter_grad(f, world, group_name) for f in fulls]
         assert zero3.CommStats.reduce_scatter_calls == 1 + len(fulls)
         for b, o in zip(bucketed, one_by_one):
             assert b.dtype == dtype and torch.equal(b, o)
     with pytest.raises(ValueError, match="gradient 1 is torch.bfloat16"):
-        torch.ops.dcr.reduce_scatter_grad_bucket(
+        OPS.reduce_scatter_grad_bucket(
             [torch.zeros(2 * world), torch.zeros(2 * world, dtype=torch.bfloat16)], world,
             group_name)
     with pytest.raises(ValueError, match="not a multiple of the world size"):
-        torch.ops.dcr.reduce_scatter_grad_bucket([torch.zeros(2 * world + 1)], world, group_name)
+        OPS.reduce_scatter_grad_bucket([torch.zeros(2 * world + 1)], world, group_name)
 
 
 def test_reduce_scatter_bucket_op():
@@ -508,7 +509,7 @@ def test_reduce_scatter_buckets_respect_uses_and_budget():
 
     from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
 
-    rs = torch.ops.dcr.reduce_scatter_grad.default
+    rs = OPS.reduce_scatter_grad.default
     with FakeTensorMode():
         vals = {n: torch.empty(n) for n in (8, 16, 4096)}
 
@@ -532,7 +533,7 @@ def test_reduce_scatter_buckets_respect_uses_and_budget():
 
     def buckets(gm):
         return [[a.name for a in n.args[0]] for n in gm.graph.nodes
-                if n.target is torch.ops.dcr.reduce_scatter_grad_bucket.default]
+                if n.target is OPS.reduce_scatter_grad_bucket.default]
 
     gm = build(False)  # 32 + 32 + 64 bytes fit in 128; the 16 KB gradient stays alone
     assert bucket_reduce_scatters(gm, 128) == 1 and buckets(gm) == [["full0", "full1", "full2"]]
@@ -553,7 +554,7 @@ def test_small_gathers_left_alone_are_packed():
 
     from deepcompile_remat.zero3.schedule import ScheduleOptions, schedule_gathers
 
-    gather = torch.ops.dcr.allgather_cast.default
+    gather = OPS.allgather_cast.default
     with FakeTensorMode():
         shard = {n: torch.empty(n) for n in (4, 8, 1024)}
         full = {n: torch.empty(2 * n) for n in (4, 8, 1024)}
@@ -586,7 +587,7 @@ def test_small_gathers_left_alone_are_packed():
 
     def buckets(gm):
         return [[a.name for a in n.args[0]] for n in gm.graph.nodes
-                if n.target is torch.ops.dcr.allgather_cast_bucket.default]
+                if n.target is OPS.allgather_cast_bucket.default]
 
     def schedule(gm, bucket_bytes):
         options = ScheduleOptions(max_prefetch=0, budget_bytes=-1.0,

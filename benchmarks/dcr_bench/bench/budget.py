@@ -7,7 +7,8 @@ does); every partition below gets its own deep copy of it. For each budget b:
           torch._functorch.config.patch(activation_memory_budget=b, ..._solver=S): a knapsack
           over the min-cut's banned nodes, b a fraction of [inputs only, default cut] bytes;
   ours    our partitioner with RematConfig(memory_budget=b): the parametric min-cut
-          (partition/budget.py), b a fraction of our default cut's bytes;
+          (partition/budget.py), b a fraction of our default cut's bytes (raised to our
+          smallest cut: b = 0 is the least memory, as torch's);
   ours at torch's bytes
           our partitioner with torch's achieved bytes as an absolute budget: the fair check,
           since the two fractions have different bases.
@@ -48,7 +49,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Sequence
 
-from dcr_bench.bench import partition as bench_partition
+from dcr_bench.bench import joint_capture
 from dcr_bench.bench.tables import format_table
 from dcr_bench.harness.workload import Workload
 
@@ -117,22 +118,22 @@ class GraphResult:
 
 # --- capture -----------------------------------------------------------------------------------
 
-def capture_llama(sizes: Workload) -> bench_partition.JointCapture:
+def capture_llama(sizes: Workload) -> joint_capture.JointCapture:
     """The joint graph of a transformers Llama (random weights; logits as the output), captured
-    as bench_partition.capture_joint_graph captures the built-in GPT's."""
-    fn, inputs = bench_partition.llama_model(sizes.layers, sizes.hidden, sizes.seq,
-                                             vocab=sizes.vocab, heads=sizes.heads,
-                                             batch=sizes.batch)
-    return bench_partition.capture_joint(fn, *inputs)
+    as joint_capture.capture_joint_graph captures the built-in GPT's."""
+    fn, inputs = joint_capture.llama_model(sizes.layers, sizes.hidden, sizes.seq,
+                                           vocab=sizes.vocab, heads=sizes.heads,
+                                           batch=sizes.batch)
+    return joint_capture.capture_joint(fn, *inputs)
 
 
-def capture(model: str, sizes: Workload) -> bench_partition.JointCapture:
+def capture(model: str, sizes: Workload) -> joint_capture.JointCapture:
     """The joint graph of `model` ("gpt": the built-in GPT, "llama": transformers' Llama)."""
     if model == "gpt":
         if (sizes.heads, sizes.batch, sizes.vocab) != (4, 2, 256):
             raise ValueError("the built-in GPT is captured with 4 heads, batch 2, vocab 256")
-        return bench_partition.capture_joint_graph(sizes.layers, d_model=sizes.hidden,
-                                                   seq=sizes.seq, autocast=False)
+        return joint_capture.capture_joint_graph(sizes.layers, d_model=sizes.hidden,
+                                                 seq=sizes.seq, autocast=False)
     if model == "llama":
         return capture_llama(sizes)
     raise ValueError(f"unknown model {model!r}; models: {list(MODELS)}")
@@ -145,7 +146,7 @@ class Meter:
     rules for torch's modules and ours. Prices come from our budget solver over the joint
     graph as both partitioners see it (DCE'd and CSE'd; node names survive both)."""
 
-    def __init__(self, cap: bench_partition.JointCapture, policy: str):
+    def __init__(self, cap: joint_capture.JointCapture, policy: str):
         from torch._functorch.compile_utils import fx_graph_cse
 
         from deepcompile_remat.partition import budget, fx_export
@@ -199,7 +200,7 @@ class Meter:
 
 
 @contextlib.contextmanager
-def compiling(cap: bench_partition.JointCapture):
+def compiling(cap: joint_capture.JointCapture):
     """As inside torch.compile: a TracingContext over the graph's fake mode. Without one,
     FX's dead-code elimination keeps unused random ops (CPU flash attention is tagged
     nondeterministic_seeded), so a partitioned backward would keep a dead copy of them."""
@@ -211,7 +212,7 @@ def compiling(cap: bench_partition.JointCapture):
         yield
 
 
-def run_torch(cap: bench_partition.JointCapture, budget: float, solver: str):
+def run_torch(cap: joint_capture.JointCapture, budget: float, solver: str):
     """torch's partitioner at activation_memory_budget=budget, on a copy of the joint graph."""
     from torch._functorch import config as functorch_config
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -225,33 +226,40 @@ def run_torch(cap: bench_partition.JointCapture, budget: float, solver: str):
             static_lifetime_input_indices=cap.static_lifetime_input_indices)
 
 
-def run_ours(cap: bench_partition.JointCapture, memory_budget: float, policy: str):
+def run_ours(cap: joint_capture.JointCapture, memory_budget: float, policy: str):
     """Our partitioner at RematConfig(memory_budget=...), on a copy of the joint graph:
     (forward, backward, BudgetSummary). Raises BudgetInfeasibleError below our smallest cut."""
     from deepcompile_remat.config import RematConfig
-    from deepcompile_remat.partition import build_partition_fn, reports
+    from deepcompile_remat.partition import remat_partition_fn, reports
 
-    partition_fn = build_partition_fn(RematConfig(policy=policy, memory_budget=memory_budget))
+    partition_fn = remat_partition_fn(RematConfig(policy=policy, memory_budget=memory_budget))
     with compiling(cap):
         fw, bw = partition_fn(copy.deepcopy(cap.joint), [], num_fwd_outputs=cap.num_fwd_outputs,
                               static_lifetime_input_indices=cap.static_lifetime_input_indices)
     return fw, bw, reports()[-1].budget
 
 
-def _ours(cap, memory_budget, policy, meter) -> tuple[Measured, object]:
+def _ours(cap, memory_budget, policy, meter, *, byte_limit: Optional[float] = None
+          ) -> tuple[Measured, object]:
+    """Ours at memory_budget, measured; infeasible below our smallest cut. A byte budget says
+    so by raising; a limit of 0 or 1 bytes goes in as the fraction 0 (absolute_budget), which
+    gives the smallest cut rather than an error, so byte_limit, that limit, is checked here."""
     from deepcompile_remat.partition.budget import BudgetInfeasibleError
 
     try:
         fw, bw, summary = run_ours(cap, memory_budget, policy)
     except BudgetInfeasibleError as err:
         return Measured(infeasible_min_bytes=float(err.min_bytes)), None
-    return meter.measure(fw, bw), summary
+    measured = meter.measure(fw, bw)
+    if byte_limit is not None and measured.saved_bytes > byte_limit:
+        return Measured(infeasible_min_bytes=float(measured.saved_bytes)), None
+    return measured, summary
 
 
 def absolute_budget(nbytes: float) -> float:
     """A byte count as RematConfig.memory_budget, which reads a number <= 1 as a fraction: a
-    cut of 0 or 1 bytes asks for 0 bytes (no tensor we could save is 1 byte but a bool scalar;
-    a slightly tighter budget, never a looser one)."""
+    cut of 0 or 1 bytes asks for the fraction 0, our smallest cut (no tensor we could save is
+    1 byte but a bool scalar), which _ours then holds to the byte count."""
     return float(nbytes) if nbytes > 1 else 0.0
 
 
@@ -318,7 +326,7 @@ def flag_rows(rows: Sequence[BudgetRow]) -> None:
             smaller.flags.append("ours non-monotone")
 
 
-def bench_graph(model: str, cap: bench_partition.JointCapture, budgets: Sequence[float], *,
+def bench_graph(model: str, cap: joint_capture.JointCapture, budgets: Sequence[float], *,
                 torch_solver: str, policy: str, sizes: Workload) -> GraphResult:
     """Every budget on one captured graph, both partitioners (module docstring)."""
     t0 = time.perf_counter()
@@ -327,7 +335,9 @@ def bench_graph(model: str, cap: bench_partition.JointCapture, budgets: Sequence
     for b in budgets:
         theirs = meter.measure(*run_torch(cap, b, torch_solver))
         ours, summary = _ours(cap, b, policy, meter)
-        at, at_summary = _ours(cap, absolute_budget(theirs.saved_bytes), policy, meter)
+        limit = theirs.saved_bytes  # 0 or 1 bytes go in as the fraction 0: checked after
+        at, at_summary = _ours(cap, absolute_budget(limit), policy, meter,
+                               byte_limit=limit if limit <= 1 else None)
         rows.append(BudgetRow(
             b, theirs, ours, at,
             ours_solver_bytes=summary.saved_bytes if summary else None,

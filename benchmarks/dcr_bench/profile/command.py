@@ -53,8 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--budgets", nargs="+", type=_budget, default=[], metavar="B",
                    help=f"also run {BUDGET_SETUP} in memory-budget mode once per budget (setup "
                         f"'{BUDGET_SETUP}@B', RematConfig(memory_budget=B)): B <= 1 a fraction "
-                        "of the bytes the ordinary cut saves, > 1 bytes per graph; a budget "
-                        "below the smallest legal cut gives an 'infeasible' row; adds "
+                        "of the bytes the ordinary cut saves (0: the smallest legal cut), > 1 "
+                        "bytes per graph; a byte budget below the smallest legal cut gives an "
+                        "'infeasible' row; adds "
                         "budgets.png (peak against step time)")
     g = parser.add_argument_group("ranks")
     g.add_argument("--world", type=int, default=d["world"],

@@ -14,8 +14,9 @@ allocated); step time is the median over the timed steps after warm-up; a barrie
 timed step.
 
 A budget cell ("ours@B", RematConfig.memory_budget) also records what budget mode decided,
-summed over the step's graphs (PartitionReport.budget). A budget below the smallest legal cut
-fails the compile (BudgetInfeasibleError); the cell then gives an infeasible row (its figures
+summed over the step's graphs (PartitionReport.budget). A byte budget (> 1) below the smallest
+legal cut fails the compile (BudgetInfeasibleError; a fraction never does, 0 is that smallest
+cut); the cell then gives an infeasible row (its figures
 NaN, min_budget_bytes the smallest feasible) and the matrix goes on. Every rank compiles the
 same graphs and decides alike, so every rank fails at the same point, before any collective
 of that graph.
@@ -112,7 +113,7 @@ def budget_figures(budget: Optional[float], reports: list) -> dict:
 def budget_infeasible(err: BaseException):
     """The BudgetInfeasibleError behind `err` (torch.compile wraps what a backend raises in
     BackendCompilerFailed), or None."""
-    from deepcompile_remat.partition.budget import BudgetInfeasibleError
+    from deepcompile_remat import BudgetInfeasibleError
 
     seen = set()
     while err is not None and id(err) not in seen:

@@ -61,7 +61,7 @@ PRECISION_HELP = {
 
 BUDGET_SETUP = "ours"  # the setup --budgets runs in budget mode
 BUDGET_HELP = ("ours with RematConfig(memory_budget=B): B <= 1 a fraction of the bytes the "
-               "ordinary cut saves, > 1 bytes per graph")
+               "ordinary cut saves (0: the smallest legal cut), > 1 bytes per graph")
 
 
 def budget_label(budget: float) -> str:
