@@ -7,6 +7,7 @@
 #include "memsim/memory_sim.h"
 #include "python/numpy_span.h"
 #include "schedule/buckets.h"
+#include "schedule/collective_waits.h"
 #include "schedule/regather_schedule.h"
 
 namespace py = pybind11;
@@ -95,6 +96,33 @@ void BindSchedule(py::module_& m) {
       py::arg("num_nodes"), py::arg("edge_tails"), py::arg("edge_heads"), py::arg("candidates"),
       py::arg("bytes"), py::arg("keys"), py::arg("budget_bytes"),
       "Gradient reduce-scatter buckets (schedule/buckets.h): bucket id per candidate, -1 alone.");
+
+  py::class_<WaitPlacement>(m, "WaitPlacement",
+                            "What place_collective_waits decided (schedule/collective_waits.h).")
+      .def_property_readonly(
+          "order", [](const WaitPlacement& p) { return ToNumpy(p.order); },
+          "Every non-input node, waits placed (int64).")
+      .def_readonly("distance", &WaitPlacement::distance)
+      .def_readonly("peak_bytes", &WaitPlacement::peak_bytes)
+      .def_readonly("peak_bytes_synchronous", &WaitPlacement::peak_bytes_synchronous)
+      .def_readonly("max_in_flight", &WaitPlacement::max_in_flight);
+
+  m.def(
+      "place_collective_waits",
+      [](const F64Array& bytes, const I64Array& alias_of, const U8Array& is_input,
+         const U8Array& persistent, const U8Array& keep, const I64Array& tails,
+         const I64Array& heads, const I64Array& order, const I64Array& starts,
+         const I64Array& waits, double budget_bytes, int64_t max_in_flight) {
+        const MemoryGraph g = MakeMemoryGraph(bytes, alias_of, is_input, persistent, keep, tails, heads);
+        py::gil_scoped_release release;
+        return PlaceCollectiveWaits(g, AsSpan(order), AsSpan(starts), AsSpan(waits), budget_bytes,
+                                    max_in_flight);
+      },
+      py::arg("bytes"), py::arg("alias_of"), py::arg("is_input"), py::arg("persistent"),
+      py::arg("keep"), py::arg("edge_tails"), py::arg("edge_heads"), py::arg("order"),
+      py::arg("starts"), py::arg("waits"), py::arg("budget_bytes"), py::arg("max_in_flight"),
+      "Where each asynchronous collective is waited on, within the memory budget: a "
+      "WaitPlacement (schedule/collective_waits.h).");
 }
 
 }  // namespace dcr::python
