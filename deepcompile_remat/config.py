@@ -65,6 +65,13 @@ class RematConfig:
     were torch's functional collectives, which corrupt the heap on gloo with two or more
     outstanding; the plain-API pattern the gathers use now (async_op=True) ran clean in the
     same repro (scripts/repro_gloo_functional_collectives.py, "plain")."""
+    async_reduce_scatters: AsyncGathers = "auto"
+    """Split each gradient reduce-scatter of a backward graph (and each bucket of them) into
+    a start, issued as soon as the gradient exists, and a wait placed as late as the memory
+    budget (prefetch_budget_bytes) allows, at the latest where the graph returns the
+    gradient (zero3/scatter_overlap.py): the collective runs under the rest of the backward,
+    holding its send buffer until the wait. "auto": only where the group runs NCCL. "on" /
+    "off": always / never."""
     cse: bool = True
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = field(default=1000, metadata={"min": 0})

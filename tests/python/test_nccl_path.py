@@ -20,7 +20,7 @@ from deepcompile_remat import comm
 from deepcompile_remat.comm import collectives
 from deepcompile_remat.zero3.passes import gather_dtype
 from dist_utils import run_ranks
-from graph_checks import capture_partitions
+from graph_checks import capture_partitions, reads_before_wait
 from test_zero3 import STEPS, _train_and_compare
 
 PREFETCH = dcr.RematConfig(max_prefetch=2, prefetch_budget_bytes=1e12, bucket_bytes=0)
@@ -58,23 +58,6 @@ def _check_log(records: list, world: int) -> dict:
     assert unwaited == [], f"collectives never waited on: {unwaited[:3]}"
     return {"most_in_flight": most,
             "reduce_scatters": sum(r["op"] == "reduce_scatter" for r in records)}
-
-
-def reads_before_wait(gm: torch.fx.GraphModule) -> list:
-    """Where a gathered tensor is read before its gather completed: each
-    dcr::allgather_cast_start (zero3/schedule.py _split_prefetched) must have exactly one
-    dcr::allgather_cast_wait, and every other user of the start's output must come after that
-    wait in graph order (its users' users then do too). Returns the violations."""
-    position = {n: i for i, n in enumerate(gm.graph.nodes)}
-    bad = []
-    for start in [n for n in gm.graph.nodes if n.target is _DCR.allgather_cast_start.default]:
-        waits = [u for u in start.users if u.target is _DCR.allgather_cast_wait.default]
-        if len(waits) != 1:
-            bad.append(f"{start.name} has {len(waits)} waits")
-            continue
-        bad += [f"{u.name} reads {start.name} before {waits[0].name}" for u in start.users
-                if u is not waits[0] and position[u] < position[waits[0]]]
-    return bad
 
 
 def _graph_collectives(graphs, world: int) -> tuple:
@@ -282,7 +265,7 @@ def test_backend_is_asked_per_device():
     assert collectives.backend_name(_CompoundGroup(), "cuda") == "nccl"
     assert collectives.backend_name(_CompoundGroup(), "cpu") == "gloo"
     assert collectives.backend_name(_PythonGroup(), "cpu") == "nccl"
-    assert schedule._use_async({"nccl"}, "auto") and not schedule._use_async({"gloo"}, "auto")
+    assert schedule.use_async({"nccl"}, "auto") and not schedule.use_async({"gloo"}, "auto")
     assert schedule._in_flight_limit({"nccl"}) is None and schedule._in_flight_limit({"gloo"}) == 1
 
 

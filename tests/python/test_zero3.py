@@ -11,7 +11,7 @@ import deepcompile_remat as dcr
 from deepcompile_remat import zero3
 from dcr_bench.harness.models import GPT, MLP
 from dist_utils import full_grads, run_ranks
-from graph_checks import capture_partitions, parameter_copies_saved
+from graph_checks import capture_partitions, parameter_copies_saved, reads_before_wait
 
 STEPS, GLOBAL_BATCH = 3, 4
 
@@ -134,6 +134,44 @@ def test_async_prefetched_gathers(kind, world):
     """The start/wait rewrite must not change the numbers: training with prefetched async
     gathers matches one unsharded process, on 1 and on 2 gloo ranks."""
     run_ranks(_async_prefetch, world, kind)
+
+
+def _overlapped(rank, world, kind, autocast, buckets):
+    # Every collective async on gloo (the plain API: scripts/repro_gloo_functional_collectives.py),
+    # a budget that lets reduce-scatters wait until the backward returns, gathers prefetched.
+    config = dcr.RematConfig(max_prefetch=2, prefetch_budget_bytes=1e12, async_gathers="on",
+                             async_reduce_scatters="on", bucket_bytes=(1 << 16) if buckets else 0)
+    with capture_partitions() as graphs:
+        _train_and_compare(rank, world, kind, autocast, config)
+    figures = [s for r in dcr.reports() for s in r.schedule]
+    assert sum(s.async_reduce_scatters for s in figures) > 0, figures
+    assert max(s.max_reduce_scatters_in_flight for s in figures) > 1, figures
+    # Each start is waited on once, in its own graph, before anything reads its result.
+    for fw, bw, _ in graphs:
+        assert reads_before_wait(fw) == [] and reads_before_wait(bw) == []
+    dcr_ops = torch.ops.dcr
+    targets = {n.target for _, bw, _ in graphs for n in bw.graph.nodes}
+    assert dcr_ops.reduce_scatter_grad.default not in targets  # every one split
+    if buckets:
+        assert dcr_ops.reduce_scatter_grad_bucket_start.default in targets
+        assert dcr_ops.allgather_cast_bucket_start.default in {
+            n.target for fw, bw, _ in graphs for gm in (fw, bw) for n in gm.graph.nodes}
+    from deepcompile_remat.zero3 import custom_ops
+
+    assert not custom_ops._in_flight and not custom_ops._scatters_in_flight  # all released
+
+
+@pytest.mark.parametrize("buckets", [False, True], ids=["single", "buckets"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["eager", "inductor"])
+def test_overlapped_collectives_train_like_one_process(kind, autocast, buckets):
+    """Reduce-scatters (single and bucketed) split into start/wait and waited as late as the
+    budget allows, gathers and gather buckets prefetched as start/wait: training on 2 gloo ranks
+    matches one unsharded process. Silent bugs guarded: a gradient read (returned to autograd)
+    before its reduce-scatter completed or before the division by the world size; a send buffer
+    freed or reused while in flight; a bucket's items handed out before its wait; a collective
+    left in flight past its graph."""
+    run_ranks(_overlapped, 2, kind, autocast, buckets)
 
 
 def test_limit_in_flight_moves_waits_earlier():
