@@ -20,8 +20,8 @@
     fulls = torch.ops.dcr.allgather_cast_bucket_wait(packed, sizes)
         a bucket of small gathers in one collective (comm.cast_and_gather_packed), whole or in
         two halves like the single gather: the start returns the packed (world, sum(sizes))
-        buffer in flight, the wait (a mutation of it) completes it and copies each parameter
-        out.
+        buffer in flight, the wait completes it and returns each parameter copied out (new
+        tensors: no reader of the buffer but the wait, so no mutation to declare).
     grad_shard = torch.ops.dcr.reduce_scatter_grad(full_grad, world_size, group_name)
         the average over ranks of each rank's full gradient, this rank's slot only (data
         parallel: the mean over the global batch when each rank's loss is a local mean).
@@ -318,7 +318,9 @@ def _(shards, world_size, group_name, dtype=None):
                                dtype=shards[0].dtype if dtype is None else dtype)
 
 
-@torch.library.custom_op("dcr::allgather_cast_bucket_wait", mutates_args=("packed",))
+# Functional, unlike the single wait: it returns new tensors (the parameters copied out) and
+# nothing else reads `packed` (inductor lowers no mutating op with list outputs).
+@torch.library.custom_op("dcr::allgather_cast_bucket_wait", mutates_args=())
 def allgather_cast_bucket_wait(packed: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     """Waits for the gather allgather_cast_bucket_start began into `packed` and returns the
     full flat parameters (sizes: the shards' lengths, in order)."""
@@ -394,7 +396,9 @@ def _(full_grads, world_size, group_name):
     return full_grads[0].new_empty(total // world_size), full_grads[0].new_empty(total)
 
 
-@torch.library.custom_op("dcr::reduce_scatter_grad_bucket_wait", mutates_args=("grad_shard",))
+# Functional, as dcr::allgather_cast_bucket_wait: its outputs are copies, and nothing else reads
+# grad_shard.
+@torch.library.custom_op("dcr::reduce_scatter_grad_bucket_wait", mutates_args=())
 def reduce_scatter_grad_bucket_wait(grad_shard: torch.Tensor, rows: torch.Tensor,
                                     sizes: list[int]) -> list[torch.Tensor]:
     """Waits for the reduce-scatter reduce_scatter_grad_bucket_start began into `grad_shard`
