@@ -174,6 +174,58 @@ def test_overlapped_collectives_train_like_one_process(kind, autocast, buckets):
     run_ranks(_overlapped, 2, kind, autocast, buckets)
 
 
+def test_reduce_scatter_waits_follow_the_budget():
+    """zero3/scatter_overlap.py on a hand-built backward: each reduce-scatter (a single one and
+    a bucket) starts where it stood; with room in the budget its wait goes to the end of the
+    graph (the bucket's items after it), with none right after its start; nothing reads a
+    result before its wait, and the graph still runs (lint)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
+    from deepcompile_remat.zero3.scatter_overlap import split_reduce_scatters
+
+    dcr_ops, aten = torch.ops.dcr, torch.ops.aten
+    with FakeTensorMode():
+        big, small, act = torch.empty(4096), torch.empty(8), torch.empty(1 << 14)
+
+    def build():
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        x.meta["val"] = act
+        outs = []
+        for i, val in enumerate((small, small, big)):
+            full = g.call_function(aten.mul.Tensor, (x, float(i)))
+            full.meta["val"] = val
+            rs = g.call_function(dcr_ops.reduce_scatter_grad.default, (full, 2, "0"))
+            rs.meta["val"] = val[: val.numel() // 2]
+            outs.append(rs)
+            x = g.call_function(aten.relu.default, (x,))  # the rest of the backward
+            x.meta["val"] = act
+        g.output((*outs, x))
+        gm = torch.fx.GraphModule(torch.nn.Module(), g)
+        assert bucket_reduce_scatters(gm, 64) == 1  # the two small ones share a bucket
+        return gm
+
+    def names(gm):
+        return [n.target.__name__.split(".")[0] if n.op == "call_function" else n.op
+                for n in gm.graph.nodes if n.op == "call_function"]
+
+    gm = build()
+    assert split_reduce_scatters(gm, 1e12) == (2, 2)
+    order = names(gm)
+    assert order[-4:] == ["reduce_scatter_grad_bucket_wait", "getitem", "getitem",
+                          "reduce_scatter_grad_wait"], order
+    assert reads_before_wait(gm) == []
+    gm.graph.lint()
+    gm = build()
+    assert split_reduce_scatters(gm, 0.0) == (2, 1)  # over any budget: synchronous placement
+    order = names(gm)
+    start = order.index("reduce_scatter_grad_start")
+    assert order[start + 1] == "reduce_scatter_grad_wait", order
+    assert reads_before_wait(gm) == []
+    gm.graph.lint()
+
+
 def test_limit_in_flight_moves_waits_earlier():
     """Three gathers started back to back and waited on after the compute: with a limit of one,
     each wait moves before the next start; with no limit the order stays."""
