@@ -242,15 +242,19 @@ def _(full_grad, world_size, group_name):
 
 
 @torch.library.custom_op("dcr::reduce_scatter_grad_wait", mutates_args=("grad_shard",))
-def reduce_scatter_grad_wait(grad_shard: torch.Tensor, full_grad: torch.Tensor) -> None:
+def reduce_scatter_grad_wait(grad_shard: torch.Tensor, full_grad: torch.Tensor,
+                             after: Optional[torch.Tensor] = None) -> None:
     """Waits for the reduce-scatter reduce_scatter_grad_start began into `grad_shard` and
-    averages it; `full_grad`, its send buffer, is only held (module docstring). A RuntimeError
-    when none is in flight there."""
+    averages it; `full_grad`, its send buffer, is only held (module docstring), and so is
+    `after`, a tensor computed just before where the schedule placed the wait: it pins the
+    wait after that compute (inductor's memory-driven reordering would otherwise run the wait
+    right after its start, since it frees the send buffer). A RuntimeError when no
+    reduce-scatter is in flight into `grad_shard`."""
     _scatter_wait(grad_shard, "dcr::reduce_scatter_grad_wait")
 
 
 @reduce_scatter_grad_wait.register_fake
-def _(grad_shard, full_grad):
+def _(grad_shard, full_grad, after=None):
     return None
 
 
@@ -400,15 +404,17 @@ def _(full_grads, world_size, group_name):
 # grad_shard.
 @torch.library.custom_op("dcr::reduce_scatter_grad_bucket_wait", mutates_args=())
 def reduce_scatter_grad_bucket_wait(grad_shard: torch.Tensor, rows: torch.Tensor,
-                                    sizes: list[int]) -> list[torch.Tensor]:
+                                    sizes: list[int], after: Optional[torch.Tensor] = None
+                                    ) -> list[torch.Tensor]:
     """Waits for the reduce-scatter reduce_scatter_grad_bucket_start began into `grad_shard`
-    (`rows`, its send buffer, is only held) and returns each member's shard of the gradient
-    (sizes: the members' shard lengths, in order)."""
+    (`rows`, its send buffer, and `after`, as in reduce_scatter_grad_wait, are only held) and
+    returns each member's shard of the gradient (sizes: the members' shard lengths, in
+    order)."""
     return _grad_bucket_unpack(grad_shard, list(sizes), "dcr::reduce_scatter_grad_bucket_wait")
 
 
 @reduce_scatter_grad_bucket_wait.register_fake
-def _(grad_shard, rows, sizes):
+def _(grad_shard, rows, sizes, after=None):
     return [grad_shard.new_empty(n) for n in sizes]
 
 

@@ -81,6 +81,42 @@ def _split(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, fx.Node]:
     return start, wait
 
 
+# Ops whose output is a buffer of its own under inductor too (an extern kernel): reading one
+# from a wait costs no extra buffer.
+_MATERIALIZED = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward",
+                 "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_flash_attention_for_cpu_backward",
+                 "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_efficient_attention_backward",
+                 "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward"}
+
+
+def _materialized(node: fx.Node) -> bool:
+    """A tensor that has a buffer of its own under inductor: an extern kernel's output, or an
+    item of one's tuple output."""
+    if not isinstance(node.meta.get("val"), torch.Tensor):
+        return False
+    if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    t = node.target
+    return (node.op == "call_function" and isinstance(t, torch._ops.OpOverload)
+            and t.namespace == "aten" and t.overloadpacket.__name__ in _MATERIALIZED)
+
+
+def _pin_after_compute(gm: fx.GraphModule, start: fx.Node, wait: fx.Node) -> None:
+    """Hands `wait` (as its `after` argument) the nearest materialized tensor computed
+    between its start and it, so no compiler moves the wait before that compute: inductor
+    reorders for peak memory and would run a wait that frees a send buffer right after its
+    start. Nothing between them: the wait is meant to be there anyway."""
+    node = wait.prev
+    while node is not start and node.op != "placeholder":
+        if _materialized(node):
+            wait.kwargs = {**wait.kwargs, "after": node}
+            return
+        node = node.prev
+
+
 def scatter_backends(gm: fx.GraphModule) -> set:
     """The backends that run `gm`'s gradient reduce-scatters (schedule.collective_backends)."""
     dcr = torch.ops.dcr
@@ -114,6 +150,8 @@ def split_reduce_scatters(gm: fx.GraphModule, budget_bytes: float,
         np.asarray([ids[w] for _, w in pairs], dtype=np.int64), float(budget_bytes),
         int(max_in_flight or 0))
     apply_order(gm, exported.nodes, arrays.is_input, placed.order)
+    for start, wait in pairs:
+        _pin_after_compute(gm, start, wait)
     gm.graph.lint()
     gm.recompile()
     return len(pairs), int(placed.max_in_flight)

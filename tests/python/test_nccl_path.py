@@ -143,7 +143,8 @@ def _nccl_training(rank, world, kind, config_name="unbucketed"):
     bw_targets = Counter(n.target for _, bw, _ in graphs for n in bw.graph.nodes)
     assert bw_targets[_DCR.reduce_scatter_grad.default] == 0
     assert bw_targets[_DCR.reduce_scatter_grad_bucket.default] == 0
-    assert bw_targets[_DCR.reduce_scatter_grad_start.default] > 0
+    assert bw_targets[_DCR.reduce_scatter_grad_start.default] + \
+        bw_targets[_DCR.reduce_scatter_grad_bucket_start.default] > 0
     assert figures["most_scatters_in_flight"] > 1, figures
     assert max(s.max_reduce_scatters_in_flight for r in reps for s in r.schedule) > 1
     if config_name == "bucketed":
