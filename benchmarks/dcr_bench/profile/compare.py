@@ -288,7 +288,8 @@ def render(folded: list, meta: dict) -> str:
         lines.append(
             f"{e['precision']:<9} {e['peer']:<{name}} {e['step_peak_bytes'] / scale:>10.1f} "
             f"{e['at_rest_bytes'] / scale:>9.1f} {e['transient_bytes'] / scale:>10.1f} "
-            f"{e['step_s']:>8.3f} {e['cpu_s']:>7.3f} {e['collectives']:>6.0f} "
+            f"{e['step_s']:>8.3f} {e['cpu_s']:>7.3f} {e.get('comm_wait_s', math.nan):>7.3f} "
+            f"{e['collectives']:>6.0f} "
             f"{e['step1_losses'][0]:>12.4f}{mark}")
     lines.append("")
     if any(not e.get("loss_ok", True) for e in folded):
