@@ -65,16 +65,27 @@ class RematConfig:
     backward, gradients of at most this many bytes share reduce-scatters of at most this many
     bytes in all. 0: no buckets."""
     async_gathers: AsyncGathers = "auto"
-    """Issue a prefetched gather asynchronously, so communication overlaps compute. "auto":
-    only where the collective runs on its own stream (NCCL); "on" / "off": always / never.
-
-    The async pair is dcr::allgather_cast_start / dcr::allgather_cast_wait: the same cast into
-    the slot and in-place gather as every other gather, its collective left in flight in
-    between. "auto" leaves gloo synchronous: on CPU it shares the cores it would overlap with.
+    """Issue a gather the schedule moved ahead of its use as an async start/wait pair
+    (dcr::allgather_cast_start / dcr::allgather_cast_wait, and a bucket's
+    dcr::allgather_cast_bucket_start / _wait: the same cast into the slot and in-place gather
+    as every other gather, its collective left in flight in between) so communication
+    overlaps compute. "auto": only where the collective runs on its own stream
+    (NCCL); gloo on CPU shares the cores it would overlap with. "on" / "off": always / never.
     Over gloo at most one gather is in flight at a time, a precaution kept from when gathers
     were torch's functional collectives, which corrupt the heap on gloo with two or more
     outstanding; the plain-API pattern the gathers use now (async_op=True) ran clean in the
     same repro (scripts/repro_gloo_functional_collectives.py, "plain")."""
+    async_reduce_scatters: AsyncGathers = "auto"
+    """Split each gradient reduce-scatter of a backward graph (and each bucket of them) into
+    a start, issued as soon as the gradient exists, and a wait placed as late as the memory
+    budget (prefetch_budget_bytes) allows, at the latest where the graph returns the
+    gradient (zero3/scatter_overlap.py): the collective runs under the rest of the backward,
+    holding its send buffer until the wait. "auto": only where the group runs NCCL. "on" /
+    "off": always / never. On gloo "auto" stays off for want of a clear measurement: on the
+    small GPT (compare --steps 5 --warmup 2, 2 gloo ranks, a 2-core machine at load 13-20),
+    "on" for both kinds of collective cut ours-inductor's time blocked in waits from 0.196 to
+    0.143 s (autocast) and 0.361 to 0.169 s (bf16) a step, but the layer-bucket row's went
+    0.254 -> 0.236 and 0.087 -> 0.118 s, and step times moved with the load more than that."""
     cse: bool = True
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = field(default=1000, metadata={"min": 0})

@@ -9,6 +9,7 @@
 #include "python/bound_graphs.h"
 #include "python/numpy_span.h"
 #include "schedule/buckets.h"
+#include "schedule/collective_waits.h"
 #include "schedule/regather_schedule.h"
 
 namespace py = pybind11;
@@ -78,6 +79,28 @@ void BindSchedule(py::module_& m) {
       py::arg("bytes"), py::arg("keys"), py::arg("budget_bytes"),
       "Gradient reduce-scatters of a graph (schedule/buckets.h), every argument by keyword: "
       "bucket id per candidate (int64), -1 alone.");
+
+  py::class_<WaitPlacement> placement(
+      m, "WaitPlacement", "What place_collective_waits decided (schedule/collective_waits.h).");
+  DefArray(placement, "order", &WaitPlacement::order,
+           "Every non-input node, waits placed (int64).");
+  placement.def_readonly("distance", &WaitPlacement::distance)
+      .def_readonly("peak_bytes", &WaitPlacement::peak_bytes)
+      .def_readonly("peak_bytes_synchronous", &WaitPlacement::peak_bytes_synchronous)
+      .def_readonly("max_in_flight", &WaitPlacement::max_in_flight);
+
+  m.def(
+      "place_collective_waits",
+      [](const BoundMemoryGraph& graph, const I64Array& order, const I64Array& starts,
+         const I64Array& waits, double budget_bytes, int64_t max_in_flight) {
+        py::gil_scoped_release release;
+        return PlaceCollectiveWaits(graph.view, AsSpan(order), AsSpan(starts), AsSpan(waits),
+                                    budget_bytes, max_in_flight);
+      },
+      py::arg("graph"), py::arg("order"), py::arg("starts"), py::arg("waits"),
+      py::arg("budget_bytes"), py::arg("max_in_flight"),
+      "Where each asynchronous collective is waited on, within the memory budget: a "
+      "WaitPlacement (schedule/collective_waits.h).");
 }
 
 }  // namespace dcr::python

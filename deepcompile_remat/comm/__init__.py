@@ -1,7 +1,8 @@
 """Fused collectives for ZeRO-3: cast each shard into its slot, then gather in place.
 
     cast_and_gather(shards, outputs=None, dtype=None, group=None, async_op=False)
-    cast_and_gather_packed(shards, dtype=None, group=None) -> one (world x total) buffer
+    cast_and_gather_packed(shards, dtype=None, group=None, async_op=False)
+        -> one (world x total) buffer, or a GatherHandle
     cuda_available()    -> True when the CUDA cast module was built and imports
     cuda_usable()       -> ... and matches this torch's CUDA and the driver (else torch casts)
     cuda_build_info()   -> what the build found, and why the CUDA module is missing if it is

@@ -50,6 +50,11 @@ class GatherHandle:
         self._works = list(works)
         self._done = False
 
+    @property
+    def outputs(self) -> List[torch.Tensor]:
+        """The outputs, allocated at once and readable only after wait()."""
+        return self._outputs
+
     def wait(self) -> List[torch.Tensor]:
         """Waits for every collective of the bucket (once; later calls return at once) and returns
         the gathered outputs."""
@@ -125,12 +130,13 @@ def fill_slots(shards, slots, dtype) -> None:
 
 
 def cast_and_gather_packed(shards: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None,
-                          group=None) -> torch.Tensor:
+                          group=None, async_op: bool = False):
     """A bucket in ONE collective: every shard is cast into its piece of this rank's row of one
     (world, sum of shard lengths) buffer, and the rows are gathered in place. Returns the buffer;
     parameter i is column block i of it. One collective's latency for the whole bucket, at the
     cost of a copy out per parameter (its columns are strided); cast_and_gather gathers into
-    each parameter's own output instead (NCCL coalesces those into one group anyway)."""
+    each parameter's own output instead (NCCL coalesces those into one group anyway).
+    async_op=True: a GatherHandle whose wait() returns [buffer]."""
     world, rank = _world_and_rank(group)
     if len(shards) == 0:
         raise ValueError("cast_and_gather_packed needs at least one shard")
@@ -141,10 +147,10 @@ def cast_and_gather_packed(shards: Sequence[torch.Tensor], dtype: Optional[torch
     with _device_guard(shards[0].device):
         pieces = list(row.split([s.numel() for s in shards]))
         fill_slots([s.reshape(-1) for s in shards], pieces, dtype)
-        if world > 1:
-            for work in gather_slots([buf], [row], group, shards[0].device, async_op=False):
-                work.wait()
-    return buf
+        works = gather_slots([buf], [row], group, shards[0].device, async_op=async_op) \
+            if world > 1 else []
+    handle = GatherHandle([buf], works=works)
+    return handle if async_op else handle.wait()[0]
 
 
 def cast_and_gather(shards: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]] = None,

@@ -15,15 +15,37 @@
         is deepcompile_remat.comm.cast_and_gather with async_op=True; allgather_cast is start +
         wait. (The bucket op below runs its packed form, comm.cast_and_gather_packed: the same
         fill_slots + gather_slots.)
+    bufs = torch.ops.dcr.allgather_cast_bucket(shards, world_size, group_name, dtype)
+    packed = torch.ops.dcr.allgather_cast_bucket_start(shards, world_size, group_name, dtype)
+    fulls = torch.ops.dcr.allgather_cast_bucket_wait(packed, sizes)
+        a bucket of small gathers in one collective (comm.cast_and_gather_packed), whole or in
+        two halves like the single gather: the start returns the packed (world, sum(sizes))
+        buffer in flight, the wait completes it and returns each parameter copied out (new
+        tensors: no reader of the buffer but the wait, so no mutation to declare).
     grad_shard = torch.ops.dcr.reduce_scatter_grad(full_grad, world_size, group_name)
         the average over ranks of each rank's full gradient, this rank's slot only (data
         parallel: the mean over the global batch when each rank's loss is a local mean).
+    grad_shard = torch.ops.dcr.reduce_scatter_grad_start(full_grad, world_size, group_name)
+    torch.ops.dcr.reduce_scatter_grad_wait(grad_shard, full_grad)
+        the same in two halves (zero3/scatter_overlap.py): the start issues the collective and
+        returns the shard's gradient, not yet valid; the wait (a mutation of grad_shard) waits
+        and averages. The wait also takes the send buffer, full_grad, though it only holds it:
+        so the compiler keeps full_grad alive, and never reuses its memory, while the
+        collective reads it, and the memory simulator counts it in flight.
     grad_shards = torch.ops.dcr.reduce_scatter_grad_bucket(full_grads, world_size, group_name)
-        the same for several small gradients in one collective (zero3/grad_buckets.py).
+    grad_shard, rows = torch.ops.dcr.reduce_scatter_grad_bucket_start(full_grads, world_size,
+                                                                      group_name)
+    grad_shards = torch.ops.dcr.reduce_scatter_grad_bucket_wait(grad_shard, rows, sizes)
+        the same for several small gradients in one collective (zero3/grad_buckets.py); in two
+        halves, the start packs the gradients into `rows` (the send buffer, held by the wait as
+        above) and the wait splits this rank's part into one gradient per member.
     grad_shard = torch.ops.dcr.allreduce_replicas(grad_shard, replicas, group_name)
         hybrid sharding (zero3.shard(replicate_group=...)): the mean of a reduce-scattered
         gradient shard over the `replicas` ranks that hold the same shard on other replicas.
         The gather's backward issues it after the reduce-scatter (average_over_replicas).
+
+Every start is waited on in the graph that started it: nothing stays in flight across graphs
+or steps (the registries below are empty whenever no graph is running).
 
 Fake implementations give shapes for tracing; the process group is named by its group_name
 (resolved on every call, so graphs hold no Python objects). The CUDA path uses the fused
@@ -85,6 +107,9 @@ def _count_gather(out: torch.Tensor, world_size: int) -> None:
 # Gathers started and not yet waited on, by their output's storage (a start's output is handed
 # to exactly one wait; the graph, not Python identity, carries it from one to the other).
 _in_flight: dict = {}
+# Reduce-scatters started and not yet waited on, by their output's storage: (work, the flat
+# send buffer, world size). The entry holds the send buffer until the wait, whoever else does.
+_scatters_in_flight: dict = {}
 
 
 def _key(full: torch.Tensor) -> int:
@@ -105,12 +130,16 @@ def _start(shard: torch.Tensor, world_size: int, group_name: str, dtype) -> torc
     return out
 
 
-def _wait(full: torch.Tensor) -> None:
+def _pop(registry: dict, out: torch.Tensor, op: str, what: str):
     try:
-        handle = _in_flight.pop(_key(full))
+        return registry.pop(_key(out))
     except KeyError:
-        raise RuntimeError(f"{OP_NAMESPACE}::allgather_cast_wait: no gather in flight into this "
-                           "tensor (a wait without its start, or waited twice)") from None
+        raise RuntimeError(f"{op}: no {what} in flight into this tensor (a wait without its "
+                           "start, or waited twice)") from None
+
+
+def _wait(full: torch.Tensor, op: str = f"{OP_NAMESPACE}::allgather_cast_wait") -> None:
+    handle = _pop(_in_flight, full, op, "gather")
     if handle is not None:
         handle.wait()
 
@@ -160,21 +189,43 @@ def _(shard, world_size, group_name, dtype=None):
     return _full_like(shard, world_size, dtype)
 
 
-def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
-    """This rank's slot of the mean over ranks of a flat, contiguous full gradient."""
-    group = resolve_group(group_name)
+def _scatter_start(full: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+    """Starts reducing-scattering a full gradient (any shape; its numel a multiple of
+    world_size); returns this rank's slot, valid after _scatter_wait (the mean over ranks)."""
+    full = full.contiguous().reshape(-1)
     out = full.new_empty(full.numel() // world_size)
-    # Gloo has no AVG reduction: sum, then divide. Gloo's single-tensor reduce-scatter clones
-    # the whole full gradient first (one more fp32 full weight at the backward's peak); its
-    # list form reduces the chunks where they are.
-    if backend_name(group, full.device.type) == "gloo":
-        dist.reduce_scatter(out, list(full.chunk(world_size)), group=group)
+    if world_size == 1:
+        out.copy_(full)
+        work = None
     else:
-        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        scatter(out, full, group=group)
-    out.div_(world_size)
-    CommStats.reduce_scatter_bytes += full.numel() * full.element_size() * (world_size - 1) // world_size
-    CommStats.reduce_scatter_calls += 1
+        group = resolve_group(group_name)
+        # Gloo has no AVG reduction: sum, then divide at the wait. Gloo's single-tensor
+        # reduce-scatter clones the whole full gradient first (one more fp32 full weight at the
+        # backward's peak); its list form reduces the chunks where they are.
+        if backend_name(group, full.device.type) == "gloo":
+            work = dist.reduce_scatter(out, list(full.chunk(world_size)), group=group,
+                                       async_op=True)
+        else:
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            work = scatter(out, full, group=group, async_op=True)
+        CommStats.reduce_scatter_bytes += \
+            full.numel() * full.element_size() * (world_size - 1) // world_size
+        CommStats.reduce_scatter_calls += 1
+    _scatters_in_flight[_key(out)] = (work, full, world_size)
+    return out
+
+
+def _scatter_wait(out: torch.Tensor, op: str) -> None:
+    work, _, world_size = _pop(_scatters_in_flight, out, op, "reduce-scatter")
+    if work is not None:
+        work.wait()  # on CUDA: the current stream waits for the collective, the host does not
+        out.div_(world_size)
+
+
+def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+    """This rank's slot of the mean over ranks of a full gradient: start, then wait."""
+    out = _scatter_start(full, world_size, group_name)
+    _scatter_wait(out, f"{OP_NAMESPACE}::reduce_scatter_grad")
     return out
 
 
@@ -182,10 +233,38 @@ def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str) -
 def reduce_scatter_grad(full_grad: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
     """This rank's shard of the gradient averaged over the group: `full_grad` reduce-scattered
     (a copy when world_size is 1)."""
-    full_grad = full_grad.contiguous()
-    if world_size == 1:
-        return full_grad.clone()
-    return _reduce_scatter_mean(full_grad.reshape(-1), world_size, group_name)
+    return _reduce_scatter_mean(full_grad, world_size, group_name)
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad_start", mutates_args=())
+def reduce_scatter_grad_start(full_grad: torch.Tensor, world_size: int,
+                              group_name: str) -> torch.Tensor:
+    """Starts reduce_scatter_grad of `full_grad` and returns this rank's shard of the
+    gradient, not yet readable: reduce_scatter_grad_wait on it must come before any use, and
+    `full_grad` must not be written until then."""
+    return _scatter_start(full_grad, world_size, group_name)
+
+
+@reduce_scatter_grad_start.register_fake
+def _(full_grad, world_size, group_name):
+    return full_grad.new_empty(full_grad.numel() // world_size)
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad_wait", mutates_args=("grad_shard",))
+def reduce_scatter_grad_wait(grad_shard: torch.Tensor, full_grad: torch.Tensor,
+                             after: Optional[torch.Tensor] = None) -> None:
+    """Waits for the reduce-scatter reduce_scatter_grad_start began into `grad_shard` and
+    averages it; `full_grad`, its send buffer, is only held (module docstring), and so is
+    `after`, a tensor computed just before where the schedule placed the wait: it pins the
+    wait after that compute (inductor's memory-driven reordering would otherwise run the wait
+    right after its start, since it frees the send buffer). A RuntimeError when no
+    reduce-scatter is in flight into `grad_shard`."""
+    _scatter_wait(grad_shard, f"{OP_NAMESPACE}::reduce_scatter_grad_wait")
+
+
+@reduce_scatter_grad_wait.register_fake
+def _(grad_shard, full_grad, after=None):
+    return None
 
 
 @reduce_scatter_grad.register_fake
@@ -271,14 +350,59 @@ def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_nam
     """One collective for a bucket of small parameters: every shard is cast into this rank's
     slot of one buffer, the buffer is gathered once, and each full parameter is copied out.
     Used by the schedule (zero3/schedule.py) inside already-differentiated graphs: no autograd."""
+    buf = _bucket_start(shards, world_size, group_name, dtype)
+    return _bucket_unpack(buf, [s.numel() for s in shards], f"{OP_NAMESPACE}::allgather_cast_bucket")
+
+
+def _bucket_start(shards, world_size: int, group_name: str, dtype) -> torch.Tensor:
+    """Starts the packed gather of a bucket (one collective, cast on the way); returns the
+    (world * sum of shard lengths) buffer, registered in flight."""
     _check_bucket(shards)
-    sizes = [s.numel() for s in shards]
     group = resolve_group(group_name) if dist.is_initialized() else None
-    buf = comm.cast_and_gather_packed(shards, dtype, group)  # one collective, cast on the way
+    handle = comm.cast_and_gather_packed(shards, dtype, group, async_op=True)
+    (buf,) = handle.outputs
     if world_size > 1:
         _count_gather(buf, world_size)
-    rows = buf.view(world_size, sum(sizes))
+    _in_flight[_key(buf)] = handle
+    return buf
+
+
+def _bucket_unpack(buf: torch.Tensor, sizes: list, op: str) -> list:
+    """Waits for the packed gather into `buf`, then copies each full parameter out (its
+    columns are strided in the buffer)."""
+    _wait(buf, op)
+    rows = buf.view(-1, sum(sizes))
     return [block.reshape(-1).clone() for block in rows.split(sizes, dim=1)]
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_bucket_start", mutates_args=())
+def allgather_cast_bucket_start(shards: list[torch.Tensor], world_size: int, group_name: str,
+                                dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Starts allgather_cast_bucket; returns the packed buffer, not yet readable:
+    allgather_cast_bucket_wait on it gives the full parameters."""
+    return _bucket_start(shards, world_size, group_name, dtype)
+
+
+@allgather_cast_bucket_start.register_fake
+def _(shards, world_size, group_name, dtype=None):
+    _check_bucket(shards)
+    return shards[0].new_empty(world_size * sum(s.numel() for s in shards),
+                               dtype=shards[0].dtype if dtype is None else dtype)
+
+
+# Functional, unlike the single wait: it returns new tensors (the parameters copied out) and
+# nothing else reads `packed` (inductor lowers no mutating op with list outputs).
+@torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_bucket_wait", mutates_args=())
+def allgather_cast_bucket_wait(packed: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """Waits for the gather allgather_cast_bucket_start began into `packed` and returns the
+    full flat parameters (sizes: the shards' lengths, in order)."""
+    return _bucket_unpack(packed, list(sizes), f"{OP_NAMESPACE}::allgather_cast_bucket_wait")
+
+
+@allgather_cast_bucket_wait.register_fake
+def _(packed, sizes):
+    world = packed.numel() // sum(sizes)
+    return [packed.new_empty(world * n) for n in sizes]
 
 
 def _check_one_buffer(op: str, what: str, tensors) -> None:
@@ -310,13 +434,56 @@ def reduce_scatter_grad_bucket(full_grads: list[torch.Tensor], world_size: int,
     """reduce_scatter_grad of each full gradient, in one collective: rank r's slots of all of
     them are laid side by side in row r of one buffer, so the buffer's r-th chunk is exactly
     what rank r keeps. Per element the same sum as one collective per gradient."""
+    mine, rows = _grad_bucket_start(full_grads, world_size, group_name)
+    return _grad_bucket_unpack(mine, [g.numel() // world_size for g in full_grads],
+                               f"{OP_NAMESPACE}::reduce_scatter_grad_bucket")
+
+
+def _grad_bucket_start(full_grads, world_size: int, group_name: str) -> tuple:
+    """Packs a bucket's gradients into rows (rank r's slots of all of them side by side in row
+    r) and starts their one reduce-scatter; returns (this rank's part, not yet valid; rows)."""
     _check_grad_bucket(full_grads, world_size)
     sizes = [g.numel() // world_size for g in full_grads]
-    if world_size == 1:
-        return [g.reshape(-1).clone() for g in full_grads]
     rows = torch.cat([g.reshape(world_size, n) for g, n in zip(full_grads, sizes)], dim=1)
-    mine = _reduce_scatter_mean(rows.reshape(-1), world_size, group_name)
+    return _scatter_start(rows, world_size, group_name), rows.view(-1)
+
+
+def _grad_bucket_unpack(mine: torch.Tensor, sizes: list, op: str) -> list:
+    _scatter_wait(mine, op)
     return [part.clone() for part in mine.split(sizes)]
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket_start", mutates_args=())
+def reduce_scatter_grad_bucket_start(full_grads: list[torch.Tensor], world_size: int,
+                                     group_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Starts reduce_scatter_grad_bucket; returns (this rank's part of the packed gradients,
+    not yet readable; the packed send buffer, to hold until reduce_scatter_grad_bucket_wait)."""
+    return _grad_bucket_start(full_grads, world_size, group_name)
+
+
+@reduce_scatter_grad_bucket_start.register_fake
+def _(full_grads, world_size, group_name):
+    _check_grad_bucket(full_grads, world_size)
+    total = sum(g.numel() for g in full_grads)
+    return full_grads[0].new_empty(total // world_size), full_grads[0].new_empty(total)
+
+
+# Functional, as dcr::allgather_cast_bucket_wait: its outputs are copies, and nothing else reads
+# grad_shard.
+@torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket_wait", mutates_args=())
+def reduce_scatter_grad_bucket_wait(grad_shard: torch.Tensor, rows: torch.Tensor,
+                                    sizes: list[int], after: Optional[torch.Tensor] = None
+                                    ) -> list[torch.Tensor]:
+    """Waits for the reduce-scatter reduce_scatter_grad_bucket_start began into `grad_shard`
+    (`rows`, its send buffer, and `after`, as in reduce_scatter_grad_wait, are only held) and
+    returns each member's shard of the gradient (sizes: the members' shard lengths, in
+    order)."""
+    return _grad_bucket_unpack(grad_shard, list(sizes), f"{OP_NAMESPACE}::reduce_scatter_grad_bucket_wait")
+
+
+@reduce_scatter_grad_bucket_wait.register_fake
+def _(grad_shard, rows, sizes, after=None):
+    return [grad_shard.new_empty(n) for n in sizes]
 
 
 def _check_grad_bucket(full_grads, world_size: int) -> None:

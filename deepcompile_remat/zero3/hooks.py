@@ -5,7 +5,8 @@
 rewrite_joint runs on the joint graph before the cut (cast-before-gather, so the backward's
 re-gathers are downcast too); after_extract reorders the forward and backward graphs (the C++
 re-gather schedule, buckets, async prefetch), buckets the backward's small gradient
-reduce-scatters (zero3/grad_buckets.py) and returns its figures for the report (one
+reduce-scatters (zero3/grad_buckets.py), splits them into start/wait pairs that overlap the
+rest of the backward (zero3/scatter_overlap.py) and returns its figures for the report (one
 ScheduleFigures per graph). Both do nothing
 on a graph without our ops. The partitioner itself knows nothing of ZeRO-3.
 """
@@ -20,7 +21,9 @@ from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_values import OP_NAMESPACE
 from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
 from deepcompile_remat.zero3.passes import cast_before_gather
-from deepcompile_remat.zero3.schedule import ScheduleFigures, ScheduleOptions, schedule_gathers
+from deepcompile_remat.zero3.scatter_overlap import scatter_backends, split_reduce_scatters
+from deepcompile_remat.zero3.schedule import (ScheduleFigures, ScheduleOptions, schedule_gathers,
+                                              use_async)
 
 
 def has_gathers(gm: fx.GraphModule) -> bool:
@@ -54,7 +57,13 @@ class Zero3Hooks:
             for tag, module in (("fw", fw), ("bw", bw)):
                 figures[tag] = schedule_gathers(module, self.schedule_options, graph=tag,
                                                 persistent_names=parameter_names)
+        options = self.schedule_options
+        buckets = bucket_reduce_scatters(bw, options.bucket_bytes)
+        split, in_flight = 0, 0
+        if use_async(scatter_backends(bw), options.async_reduce_scatters):
+            split, in_flight = split_reduce_scatters(bw, options.budget_bytes,
+                                                     persistent_names=parameter_names)
         figures["bw"] = dataclasses.replace(
-            figures["bw"],
-            reduce_scatter_buckets=bucket_reduce_scatters(bw, self.schedule_options.bucket_bytes))
+            figures["bw"], reduce_scatter_buckets=buckets, async_reduce_scatters=split,
+            max_reduce_scatters_in_flight=in_flight)
         return tuple(figures.values())

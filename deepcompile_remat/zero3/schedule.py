@@ -31,13 +31,15 @@ class ScheduleOptions:
     budget_bytes: float       # RematConfig.prefetch_budget_bytes
     bucket_bytes: float       # RematConfig.bucket_bytes
     async_gathers: AsyncGathers  # RematConfig.async_gathers
+    async_reduce_scatters: AsyncGathers = "off"  # RematConfig.async_reduce_scatters
 
     @classmethod
     def from_config(cls, config: RematConfig) -> "ScheduleOptions":
         """The options `config` asks for."""
         return cls(max_prefetch=config.max_prefetch,
                    budget_bytes=float(config.prefetch_budget_bytes),
-                   bucket_bytes=float(config.bucket_bytes), async_gathers=config.async_gathers)
+                   bucket_bytes=float(config.bucket_bytes), async_gathers=config.async_gathers,
+                   async_reduce_scatters=config.async_reduce_scatters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +53,11 @@ class ScheduleFigures:
     peak_bytes_no_prefetch: Optional[float] = None
     peak_bytes_input_order: Optional[float] = None  # before scheduling
     buckets: int = 0                            # bucketed gathers (each replaced >= 2)
-    async_prefetched: int = 0                   # gathers split into start/wait
+    async_prefetched: int = 0                   # gathers (and gather buckets) split into start/wait
     max_in_flight: int = 0                      # most gathers outstanding at once
     reduce_scatter_buckets: int = 0             # bucketed gradient reduce-scatters (bw only)
+    async_reduce_scatters: int = 0              # reduce-scatters split into start/wait (bw only)
+    max_reduce_scatters_in_flight: int = 0      # most reduce-scatters outstanding at once
 
 
 def _is_reshape_or_cast(node: fx.Node) -> bool:
@@ -88,23 +92,14 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
         memory, input_order=input_order, movable=movable, is_gather=is_gather,
         gather_key=gather_key, max_prefetch=int(options.max_prefetch),
         budget_bytes=float(options.budget_bytes), bucket_bytes=float(options.bucket_bytes))
-    # Placeholders stay first; everything else follows the schedule.
-    anchor = [n for n in nodes if memory.is_input[ids[n]]][-1] if memory.is_input.any() else None
-    for i in s.order:
-        node = nodes[i]
-        if anchor is None:
-            gm.graph.find_nodes(op="output")[0].prepend(node)  # first node: before output
-            anchor = node
-            continue
-        anchor.append(node)
-        anchor = node
+    apply_order(gm, nodes, memory.is_input, s.order)
     position = {n: i for i, n in enumerate(gm.graph.nodes)}  # after reordering
     for members in members_by_bucket(nodes, s.bucket_of):
         members.sort(key=position.__getitem__)  # the bucket goes where its first member is
         _replace_with_bucket(gm, members)
     backends = _gather_backends(gm)
     prefetched, in_flight = 0, 0
-    if _use_async(backends, options.async_gathers):
+    if use_async(backends, options.async_gathers):
         prefetched = _split_prefetched(gm)
         in_flight = limit_in_flight(gm, _in_flight_limit(backends))
     gm.graph.lint()
@@ -114,6 +109,20 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
         peak_bytes=float(s.peak_bytes), peak_bytes_no_prefetch=float(s.peak_bytes_no_prefetch),
         peak_bytes_input_order=float(s.peak_bytes_input_order), buckets=int(s.num_buckets),
         async_prefetched=prefetched, max_in_flight=in_flight)
+
+
+def apply_order(gm: fx.GraphModule, nodes: list, is_input: np.ndarray, order) -> None:
+    """Reorders `gm` in place: placeholders (is_input) stay first, then nodes[i] for i in
+    `order` (every non-input node, a valid order), then the output."""
+    anchor = [n for n, inp in zip(nodes, is_input) if inp][-1] if is_input.any() else None
+    for i in order:
+        node = nodes[i]
+        if anchor is None:
+            gm.graph.find_nodes(op="output")[0].prepend(node)  # first node: before output
+            anchor = node
+            continue
+        anchor.append(node)
+        anchor = node
 
 
 def _gather_key(g: fx.Node) -> tuple:
@@ -137,25 +146,33 @@ def _replace_with_bucket(gm: fx.GraphModule, members: list) -> None:
 def _gather_backends(gm: fx.GraphModule) -> set:
     """The backends ("nccl", "gloo", ...) that run the graph's gathers: each group's backend
     for its shard's device (a group "cpu:gloo,cuda:nccl" gathers CUDA shards over NCCL)."""
+    return collective_backends([(n.args[0][0] if _is_gather_bucket(n) else n.args[0], n.args[2])
+                                for n in gm.graph.nodes
+                                if is_allgather_cast(n) or _is_gather_bucket(n)])
+
+
+def collective_backends(operands) -> set:
+    """The backends of collectives given as (a tensor operand's node, group name) pairs: each
+    group's backend for the operand's device; "unknown" for a group this process lacks."""
     from deepcompile_remat.comm.collectives import backend_name
     from deepcompile_remat.zero3.custom_ops import resolve_group
 
     found = set()
-    for n in gm.graph.nodes:
-        if not is_allgather_cast(n):
-            continue
-        device = n.args[0].meta["val"].device.type
+    for operand, group_name in operands:
+        device = operand.meta["val"].device.type
         try:
-            found.add(backend_name(resolve_group(n.args[2]), device))
+            found.add(backend_name(resolve_group(group_name), device))
         except (RuntimeError, ValueError):  # no such group in this process
             found.add("unknown")
     return found
 
 
-def _use_async(backends: set, async_gathers: str) -> bool:
-    """"auto": async start/wait only when every gather's group runs NCCL (see RematConfig)."""
-    if async_gathers != "auto":
-        return async_gathers == "on"
+def use_async(backends: set, setting: str) -> bool:
+    """Whether collectives run by `backends` are split into start/wait under `setting`
+    (RematConfig.async_gathers / async_reduce_scatters): "auto" means only when every one's
+    group runs NCCL (see RematConfig)."""
+    if setting != "auto":
+        return setting == "on"
     return backends == {"nccl"}
 
 
@@ -174,34 +191,65 @@ def _split_prefetched(gm: fx.GraphModule) -> int:
     """A gather the schedule moved ahead of its first use becomes dcr::allgather_cast_start
     where it stands and dcr::allgather_cast_wait just before its first use: the same fused
     cast-into-slot + in-place gather, issued early, so the communication overlaps the compute
-    in between."""
+    in between. A bucket (dcr::allgather_cast_bucket) likewise becomes
+    dcr::allgather_cast_bucket_start / _wait, the wait (which copies the parameters out)
+    before the first use of any of its items, the items after it."""
     dcr = OPS
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
     split = 0
-    for gather in [n for n in gm.graph.nodes if is_allgather_cast(n)]:
-        if not gather.users:
+    for gather in [n for n in gm.graph.nodes if is_allgather_cast(n) or _is_gather_bucket(n)]:
+        bucket = _is_gather_bucket(gather)
+        items = list(gather.users) if bucket else []
+        readers = [u for i in items for u in i.users] if bucket else list(gather.users)
+        if not readers:
             continue
-        first_use = min(gather.users, key=position.__getitem__)
-        if position[first_use] == position[gather] + 1:
+        first_use = min(readers, key=position.__getitem__)
+        between = position[first_use] - position[gather] - 1
+        if between <= sum(position[i] < position[first_use] for i in items):
             continue  # used right away: nothing to overlap
-        with gm.graph.inserting_before(gather):
-            start = gm.graph.call_function(dcr.allgather_cast_start.default, gather.args,
-                                           gather.kwargs)
-            start.meta["val"] = gather.meta["val"]
-        with gm.graph.inserting_before(first_use):
-            gm.graph.call_function(dcr.allgather_cast_wait.default, (start,))
-        gather.replace_all_uses_with(start)
+        if bucket:
+            shards, world_size, group_name = gather.args[:3]
+            with gm.graph.inserting_before(gather):
+                start = gm.graph.call_function(dcr.allgather_cast_bucket_start.default,
+                                               gather.args, gather.kwargs)
+                start.meta["val"] = _packed_val(gather.meta["val"])
+            with gm.graph.inserting_before(first_use):
+                wait = gm.graph.call_function(dcr.allgather_cast_bucket_wait.default,
+                                              (start, [s.meta["val"].numel() for s in shards]))
+                wait.meta["val"] = gather.meta["val"]
+            gather.replace_all_uses_with(wait)
+            for item in sorted(items, key=position.__getitem__):
+                first_use.prepend(item)  # after the wait, in their order
+        else:
+            with gm.graph.inserting_before(gather):
+                start = gm.graph.call_function(dcr.allgather_cast_start.default, gather.args,
+                                               gather.kwargs)
+                start.meta["val"] = gather.meta["val"]
+            with gm.graph.inserting_before(first_use):
+                gm.graph.call_function(dcr.allgather_cast_wait.default, (start,))
+            gather.replace_all_uses_with(start)
         gm.graph.erase_node(gather)
         split += 1
     return split
 
 
+def _packed_val(fulls: list):
+    """The packed buffer of a bucket whose full parameters are `fulls` (fake tensors)."""
+    return fulls[0].new_empty(sum(f.numel() for f in fulls))
+
+
+def _is_gather_bucket(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is OPS.allgather_cast_bucket.default
+
+
 def _is_start(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target is OPS.allgather_cast_start.default
+    return node.op == "call_function" and node.target in (
+        OPS.allgather_cast_start.default, OPS.allgather_cast_bucket_start.default)
 
 
 def _is_wait(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target is OPS.allgather_cast_wait.default
+    return node.op == "call_function" and node.target in (
+        OPS.allgather_cast_wait.default, OPS.allgather_cast_bucket_wait.default)
 
 
 def limit_in_flight(gm: fx.GraphModule, limit=None) -> int:

@@ -110,3 +110,37 @@ def capture_partitions():
         yield seen
     finally:
         partitioner.partition_joint_graph = original
+
+
+def _start_wait_ops() -> dict:
+    """Each async start op of the runtime -> its wait op."""
+    dcr = torch.ops.dcr
+    return {dcr.allgather_cast_start.default: dcr.allgather_cast_wait.default,
+            dcr.allgather_cast_bucket_start.default: dcr.allgather_cast_bucket_wait.default,
+            dcr.reduce_scatter_grad_start.default: dcr.reduce_scatter_grad_wait.default,
+            dcr.reduce_scatter_grad_bucket_start.default:
+                dcr.reduce_scatter_grad_bucket_wait.default}
+
+
+def reads_before_wait(gm: fx.GraphModule) -> list:
+    """Where a collective's result is read before the collective completed: each start
+    (dcr::allgather_cast_start, _bucket_start, dcr::reduce_scatter_grad_start, _bucket_start)
+    must have exactly one wait of its kind, reached from the start directly or through the
+    getitems of its outputs; every other reader of the start's result (through getitems too)
+    must come after that wait in graph order (its readers' readers then do too). A start
+    without its wait would leave a collective in flight past the graph. Returns the
+    violations."""
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    bad = []
+    for start in [n for n in gm.graph.nodes if n.target in _start_wait_ops()]:
+        wait_op = _start_wait_ops()[start.target]
+        results = [start] + [u for u in start.users if u.target is operator.getitem]
+        readers = {u for r in results for u in r.users if u.target is not operator.getitem}
+        waits = [u for u in readers if u.target is wait_op]
+        if len(waits) != 1:
+            bad.append(f"{start.name} has {len(waits)} waits")
+            continue
+        bad += [f"{u.name} reads {start.name} before {waits[0].name}" for u in readers
+                if u is not waits[0] and position[u] < position[waits[0]]]
+    return bad
+

@@ -15,6 +15,8 @@ so the numbers are real, and it behaves as NCCL does where it matters:
   - an async collective's result exists only after wait(): until then the parts of its output
     that other ranks fill hold NaN (or 0x5A bytes), so a read before the wait shows as a wrong
     number, not as a silent race;
+  - a reduce-scatter reads its send buffer when it runs, not when it is issued; a write to
+    the buffer in between is recorded ("send_changed"), as the wrong sum NCCL would compute;
   - works are recorded: every collective with its dtype, sizes, whether it gathers in place
     (the send buffer is the output's own rank-th chunk), when it was waited on; coalescing
     start and end.
@@ -171,13 +173,18 @@ class RecordingNccl(dist.ProcessGroup):
     # --- reductions -----------------------------------------------------------------------------
     def _reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op) -> _Pending:
         record = {"op": "reduce_scatter", "dtype": str(out.dtype), "numel": inp.numel()}
-        full = inp.detach().clone()
+        # NCCL reads the send buffer when the collective runs (here: at its wait, or when a
+        # later wait runs it): a write to it while in flight is recorded, and its result used.
+        send, snapshot = inp.detach(), inp.detach().clone()
         _poison(out)
 
         if op != dist.ReduceOp.SUM:
             raise AssertionError(f"RecordingNccl: reduce op {op} not implemented")
 
         def run():
+            if not torch.equal(send.view(torch.uint8), snapshot.view(torch.uint8)):
+                record["send_changed"] = True
+            full = send.clone()
             self._gloo.allreduce([full], dist.AllreduceOptions()).wait()
             out.copy_(full.view(self._size, -1)[self._rank])
 

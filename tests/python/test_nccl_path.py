@@ -3,7 +3,9 @@ NCCL (recording_pg.RecordingNccl: gloo underneath, NCCL's ordering, results only
 every collective recorded). What runs is the real Python of the GPU path: backend detection,
 coalesced in-place gathers into the cast slots (per parameter, and packed buckets), async
 prefetch with several gathers in flight and each waited on before its first read (checked on
-the final graphs), whole-gradient and bucketed reduce-scatters; only the CUDA kernels and
+the final graphs), whole-gradient and bucketed reduce-scatters, started as soon as their
+gradient exists with several in flight under the backward, each waited before the graph returns
+it and its send buffer untouched until then; only the CUDA kernels and
 streams are not exercised (the slot fill is torch's copy here, the GPU test's job:
 scripts/gpu_check.sh).
 """
@@ -21,7 +23,7 @@ from deepcompile_remat.comm import collectives
 from deepcompile_remat.fx_values import OPS
 from deepcompile_remat.zero3.passes import gather_dtype
 from dist_utils import run_ranks
-from graph_checks import capture_partitions
+from graph_checks import capture_partitions, reads_before_wait
 from test_zero3 import STEPS, _train_and_compare
 
 PREFETCH = dcr.RematConfig(max_prefetch=2, prefetch_budget_bytes=1e12, bucket_bytes=0)
@@ -40,7 +42,9 @@ def _check_log(records: list, world: int) -> dict:
     assert gathers, "no gather ran through the process group"
     assert all(r["in_place"] for r in gathers), "a gather whose send buffer is not its slot"
     assert all(r["coalesced"] for r in gathers), "a gather outside a coalescing group"
-    depth, outstanding, most = 0, set(), 0
+    depth = 0
+    outstanding = {"all_gather": set(), "reduce_scatter": set()}
+    most = dict.fromkeys(outstanding, 0)
     for r in records:
         if r["op"] == "start_coalescing":
             depth += 1
@@ -48,34 +52,22 @@ def _check_log(records: list, world: int) -> dict:
         elif r["op"] == "end_coalescing":
             depth -= 1
             assert depth == 0 and r["size"] > 0, "an end without a start, or an empty group"
-        elif r["op"] == "all_gather":
-            outstanding.add(r["id"])
-            most = max(most, len(outstanding))
+        elif r["op"] in outstanding:
+            outstanding[r["op"]].add(r["id"])
+            most[r["op"]] = max(most[r["op"]], len(outstanding[r["op"]]))
         elif r["op"] == "wait":
-            outstanding.discard(r["id"])
+            for ids in outstanding.values():
+                ids.discard(r["id"])
     assert depth == 0, "a coalescing group never ended"
     unwaited = [r for r in records if r["op"] in ("all_gather", "reduce_scatter")
                 and not r.get("waited")]
     assert unwaited == [], f"collectives never waited on: {unwaited[:3]}"
-    return {"most_in_flight": most,
+    # NCCL reads a send buffer when the collective runs, any time before its wait returns.
+    overwritten = [r for r in records if r.get("send_changed")]
+    assert overwritten == [], f"send buffers written while in flight: {overwritten[:3]}"
+    return {"most_in_flight": most["all_gather"],
+            "most_scatters_in_flight": most["reduce_scatter"],
             "reduce_scatters": sum(r["op"] == "reduce_scatter" for r in records)}
-
-
-def reads_before_wait(gm: torch.fx.GraphModule) -> list:
-    """Where a gathered tensor is read before its gather completed: each
-    dcr::allgather_cast_start (zero3/schedule.py _split_prefetched) must have exactly one
-    dcr::allgather_cast_wait, and every other user of the start's output must come after that
-    wait in graph order (its users' users then do too). Returns the violations."""
-    position = {n: i for i, n in enumerate(gm.graph.nodes)}
-    bad = []
-    for start in [n for n in gm.graph.nodes if n.target is _DCR.allgather_cast_start.default]:
-        waits = [u for u in start.users if u.target is _DCR.allgather_cast_wait.default]
-        if len(waits) != 1:
-            bad.append(f"{start.name} has {len(waits)} waits")
-            continue
-        bad += [f"{u.name} reads {start.name} before {waits[0].name}" for u in start.users
-                if u is not waits[0] and position[u] < position[waits[0]]]
-    return bad
 
 
 def _graph_collectives(graphs, world: int) -> tuple:
@@ -85,14 +77,17 @@ def _graph_collectives(graphs, world: int) -> tuple:
     packed, scatters = Counter(), Counter()
     for fw, bw, _ in graphs:
         for node in [*fw.graph.nodes, *bw.graph.nodes]:
-            if node.target is _DCR.allgather_cast_bucket.default:
+            if node.target in (_DCR.allgather_cast_bucket.default,
+                               _DCR.allgather_cast_bucket_start.default):
                 shards = [s.meta["val"] for s in node.args[0]]
                 dtype = gather_dtype(node) or shards[0].dtype
                 packed[(str(dtype), world * sum(s.numel() for s in shards))] += 1
-            elif node.target is _DCR.reduce_scatter_grad_bucket.default:
+            elif node.target in (_DCR.reduce_scatter_grad_bucket.default,
+                                 _DCR.reduce_scatter_grad_bucket_start.default):
                 grads = [g.meta["val"] for g in node.args[0]]
                 scatters[(str(grads[0].dtype), sum(g.numel() for g in grads))] += 1
-            elif node.target is _DCR.reduce_scatter_grad.default:
+            elif node.target in (_DCR.reduce_scatter_grad.default,
+                                 _DCR.reduce_scatter_grad_start.default):
                 grad = node.args[0].meta["val"]
                 scatters[(str(grad.dtype), grad.numel())] += 1
     return packed, scatters
@@ -129,7 +124,8 @@ def _nccl_training(rank, world, kind, config_name="unbucketed"):
     # recording group leaves NaN in a gathered tensor until the wait, so a read before it
     # shows in the numbers too; this names the node).
     starts = [n for fw, bw, _ in graphs for gm in (fw, bw) for n in gm.graph.nodes
-              if n.target is _DCR.allgather_cast_start.default]
+              if n.target in (_DCR.allgather_cast_start.default,
+                              _DCR.allgather_cast_bucket_start.default)]
     assert starts, "no prefetched gather in the graphs: the wait check checked nothing"
     for fw, bw, _ in graphs:
         assert reads_before_wait(fw) == [] and reads_before_wait(bw) == []
@@ -143,11 +139,22 @@ def _nccl_training(rank, world, kind, config_name="unbucketed"):
     assert got_scatters == Counter({k: STEPS * v for k, v in scatters.items()}), \
         (got_scatters, scatters)
     assert figures["reduce_scatters"] > 0
+    # "auto" splits every reduce-scatter on NCCL; several run under the backward at once, on
+    # the wire and in the graphs, each waited before the graph returns it (reads_before_wait).
+    bw_targets = Counter(n.target for _, bw, _ in graphs for n in bw.graph.nodes)
+    assert bw_targets[_DCR.reduce_scatter_grad.default] == 0
+    assert bw_targets[_DCR.reduce_scatter_grad_bucket.default] == 0
+    assert bw_targets[_DCR.reduce_scatter_grad_start.default] + \
+        bw_targets[_DCR.reduce_scatter_grad_bucket_start.default] > 0
+    assert figures["most_scatters_in_flight"] > 1, figures
+    assert max(s.max_reduce_scatters_in_flight for r in reps for s in r.schedule) > 1
     if config_name == "bucketed":
         assert packed_records and all(r["in_place"] and r["coalesced"] for r in packed_records)
-        bucketed_scatters = sum(n.target is _DCR.reduce_scatter_grad_bucket.default
-                                for _, bw, _ in graphs for n in bw.graph.nodes)
-        assert bucketed_scatters > 0, "no gradient bucket in the backward"
+        assert bw_targets[_DCR.reduce_scatter_grad_bucket_start.default] > 0, \
+            "no gradient bucket in the backward"
+        bucket_starts = sum(n.target is _DCR.allgather_cast_bucket_start.default
+                            for fw, bw, _ in graphs for gm in (fw, bw) for n in gm.graph.nodes)
+        assert bucket_starts > 0, "no gather bucket issued ahead of its use"
     else:
         assert not packed_records
         # On NCCL no in-flight limit: several gathers outstanding at once, in the graphs and
@@ -240,6 +247,28 @@ def _handles(rank, world):
                      "wait"], kinds
 
 
+def _send_buffer_write(rank, world):
+    recording_pg.clear()
+    full = torch.arange(4.0 * world)
+    out = torch.empty(4)
+    work = dist.reduce_scatter_tensor(out, full, async_op=True)
+    full.add_(1)  # written while in flight: NCCL would sum the new values
+    work.wait()
+    (record,) = [r for r in recording_pg.log() if r["op"] == "reduce_scatter"]
+    assert record.get("send_changed"), record
+    full = torch.arange(4.0 * world)
+    dist.reduce_scatter_tensor(out, full, async_op=True).wait()
+    assert not recording_pg.log()[-2].get("send_changed")
+    assert torch.equal(out, world * torch.arange(4.0 * rank, 4.0 * rank + 4))
+
+
+def test_recording_group_catches_a_send_buffer_written_in_flight():
+    """The check behind "send buffers written while in flight" can fail: a reduce-scatter's
+    input changed between issue and wait is recorded (an overlapped reduce-scatter whose
+    full gradient the compiler freed and reused would be)."""
+    run_ranks(_send_buffer_write, 2, backend=recording_pg.NAME)
+
+
 def test_async_handle_on_nccl_reports_completion():
     """Before: GatherHandle.is_completed() raised AttributeError on NCCL (torch's coalescing
     manager has no is_completed)."""
@@ -283,7 +312,7 @@ def test_backend_is_asked_per_device():
     assert collectives.backend_name(_CompoundGroup(), "cuda") == "nccl"
     assert collectives.backend_name(_CompoundGroup(), "cpu") == "gloo"
     assert collectives.backend_name(_PythonGroup(), "cpu") == "nccl"
-    assert schedule._use_async({"nccl"}, "auto") and not schedule._use_async({"gloo"}, "auto")
+    assert schedule.use_async({"nccl"}, "auto") and not schedule.use_async({"gloo"}, "auto")
     assert schedule._in_flight_limit({"nccl"}) is None and schedule._in_flight_limit({"gloo"}) == 1
 
 

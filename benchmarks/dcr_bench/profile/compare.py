@@ -15,6 +15,9 @@ largest step peak, the slowest rank's time):
   transient    the highest total during forward + backward, minus at rest
   time         median step time over the timed steps (wall, the slowest rank) and this
                process's CPU time (all its threads: steadier on a shared machine)
+  wait s       median over the timed steps of the time the step's host spent blocked in
+               collectives' waits (harness/comm_wait.py: every Work.wait, synchronous
+               collectives included; on a GPU the host does not block there)
   collectives  torch.distributed collectives one step issues (a coalesced group counts once)
   step-1 loss  the loss before any update: every system must agree (bf16 tolerance), else the
                row is marked
@@ -103,7 +106,7 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
     say = (_progress(f"[{peer} {precision}] ") if opts["progress"] and rank == 0
            else (lambda msg: None))
     log = _log_to_file(os.path.join(opts["log_dir"], f"{peer}-{precision}.rank{rank}.log"))
-    from dcr_bench.harness import memory
+    from dcr_bench.harness import comm_wait, memory
 
     exact = memory.exact_cpu_counter() if device_type == "cpu" else True  # before allocating
     import torch
@@ -134,18 +137,21 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
         row["first_step_s"] = time.perf_counter() - t0
         for _ in range(opts["warmup"]):
             system.step(batch)
-        times, cpu_times = [], []
+        times, cpu_times, waits = [], [], []
         for i in range(opts["steps"]):
             say(f"step {i + 1}/{opts['steps']}")
             dist.barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
-            system.step(batch)
-            if device_type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            cpu_times.append(time.process_time() - c0)
+            with comm_wait.blocked() as blocked:
+                t0, c0 = time.perf_counter(), time.process_time()
+                system.step(batch)
+                if device_type == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+                cpu_times.append(time.process_time() - c0)
+            waits.append(blocked[0])
         row["step_s"] = statistics.median(times)
         row["cpu_s"] = statistics.median(cpu_times)
+        row["comm_wait_s"] = statistics.median(waits)
         dist.barrier()
         say("profiling a step")
         activities = [ProfilerActivity.CPU] + (
@@ -236,7 +242,7 @@ def fold(rows: list) -> list:
         worst = max(measured, key=lambda r: r["step_peak_bytes"]) if measured else {}
         for key in ("step_peak_bytes", "at_rest_bytes", "transient_bytes"):
             entry[key] = worst[key] if key in worst and why is None else math.nan
-        for key in ("step_s", "cpu_s", "collectives", "first_step_s"):
+        for key in ("step_s", "cpu_s", "comm_wait_s", "collectives", "first_step_s"):
             values = [r[key] for r in rs if key in r]
             entry[key] = max(values) if values and why is None else math.nan
         folded.append(entry)
@@ -262,13 +268,16 @@ def _mark_losses(folded: list) -> None:
 def render(folded: list, meta: dict) -> str:
     """The folded rows as the text table the terminal and table.txt show, headed by meta's
     title and definition."""
+    import math
+
     from dcr_bench.profile.results import unit_of
 
     scale, unit = unit_of([e["step_peak_bytes"] for e in folded])
     name = max([len("system")] + [len(e["peer"]) for e in folded])
     lines = [meta["title"], meta["definition"], ""]
     head = (f"{'precision':<9} {'system':<{name}} {'step peak':>10} {'at rest':>9} "
-            f"{'transient':>10} {'step s':>8} {'cpu s':>7} {'colls':>6} {'step-1 loss':>12}")
+            f"{'transient':>10} {'step s':>8} {'cpu s':>7} {'wait s':>7} {'colls':>6} "
+            f"{'step-1 loss':>12}")
     lines += [f"memory in {unit} per rank (largest rank); time: median step", head,
               "-" * len(head)]
     for e in folded:
@@ -279,7 +288,8 @@ def render(folded: list, meta: dict) -> str:
         lines.append(
             f"{e['precision']:<9} {e['peer']:<{name}} {e['step_peak_bytes'] / scale:>10.1f} "
             f"{e['at_rest_bytes'] / scale:>9.1f} {e['transient_bytes'] / scale:>10.1f} "
-            f"{e['step_s']:>8.3f} {e['cpu_s']:>7.3f} {e['collectives']:>6.0f} "
+            f"{e['step_s']:>8.3f} {e['cpu_s']:>7.3f} {e.get('comm_wait_s', math.nan):>7.3f} "
+            f"{e['collectives']:>6.0f} "
             f"{e['step1_losses'][0]:>12.4f}{mark}")
     lines.append("")
     if any(not e.get("loss_ok", True) for e in folded):
@@ -391,7 +401,7 @@ def _write_csv(path: str, folded: list) -> None:
     import csv
 
     keys = ["precision", "peer", "step_peak_bytes", "at_rest_bytes", "transient_bytes", "step_s",
-            "cpu_s", "collectives", "first_step_s", "loss_ok", "why_not"]
+            "cpu_s", "comm_wait_s", "collectives", "first_step_s", "loss_ok", "why_not"]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys + ["step1_loss_rank0"], extrasaction="ignore")
         writer.writeheader()

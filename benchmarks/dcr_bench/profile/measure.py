@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from dcr_bench.harness import memory
+from dcr_bench.harness import comm_wait, memory
 from dcr_bench.harness.workload import Workload
 from dcr_bench.profile.partitions import PartitionRecorder, PartitionStats
 from dcr_bench.profile.results import BUDGET_FIELDS
@@ -196,15 +196,17 @@ def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world:
     for i in range(opts.warmup):
         say(f"compiled in {compile_s:.1f} s; warm-up {i + 1}/{opts.warmup}")
         step()
-    times = []
+    times, waits = [], []
     for i in range(opts.steps):
         say(f"compiled in {compile_s:.1f} s; step {i + 1}/{opts.steps}")
         dist.barrier()
         _sync(device)
-        t0 = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
+        with comm_wait.blocked() as blocked:
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        waits.append(blocked[0])
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     measured = []
@@ -218,6 +220,7 @@ def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world:
             _sync(device)
         if i == 0:
             gathered, calls = zero3.CommStats.allgather_bytes, zero3.CommStats.allgather_calls
+            scatter_calls = zero3.CommStats.reduce_scatter_calls
         mem = memory.from_profile(prof, device.type)
         del prof
         if device.type == "cuda":  # exact figures from the allocator's stats: one more step
@@ -243,6 +246,9 @@ def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world:
         "compile_s": compile_s,
         "gathered_bytes": float(gathered),  # prefetched (start/wait) gathers included
         "gather_calls": int(calls),
+        "reduce_scatter_calls": int(scatter_calls),  # per step, buckets counting once
+        # host time a timed step spent blocked in collectives' waits (harness/comm_wait.py)
+        "comm_wait_s": statistics.median(waits) if waits else float("nan"),
         "partitions": len(recorder.partitions),
         **stats.as_dict(),
         **budget,
