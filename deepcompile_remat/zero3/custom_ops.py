@@ -27,6 +27,7 @@ kernels of deepcompile_remat.comm when they were built, else torch's own cast + 
 """
 from __future__ import annotations
 
+import atexit
 from typing import Optional
 
 import torch
@@ -76,6 +77,33 @@ def _count_gather(out: torch.Tensor, world_size: int) -> None:
 # Gathers started and not yet waited on, by their output's storage (a start's output is handed
 # to exactly one wait; the graph, not Python identity, carries it from one to the other).
 _in_flight: dict = {}
+
+
+def gathers_in_flight() -> int:
+    """How many gathers allgather_cast_start began that no wait has finished yet (0 between
+    steps; more only inside a step, or after a step that raised between a start and its wait)."""
+    return len(_in_flight)
+
+
+def release_in_flight() -> int:
+    """Waits for every gather still in flight and drops its work, so that no collective or work
+    object of ours outlives the step that started it; returns how many there were. A step that
+    raised between a start and its wait leaves one behind, holding the group's communicator
+    context: call this before dist.destroy_process_group(). It also runs at interpreter exit
+    (atexit, while the interpreter is whole), so such a work is never destroyed during
+    finalization. A wait that fails (the group is already gone) still drops the work."""
+    handles = list(_in_flight.values())
+    _in_flight.clear()
+    for handle in handles:
+        if handle is not None:
+            try:
+                handle.wait()
+            except RuntimeError:  # the group was destroyed or aborted under it: nothing to wait
+                pass
+    return len(handles)
+
+
+atexit.register(release_in_flight)
 
 
 def _key(full: torch.Tensor) -> int:

@@ -23,7 +23,8 @@ def _entry(rank, world, port, fn, args, backend="gloo"):
     try:
         fn(rank, world, *args)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # fn may destroy the group itself (test_teardown)
+            dist.destroy_process_group()
 
 
 RANKS_TIMEOUT_S = 300.0
