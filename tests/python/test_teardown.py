@@ -95,3 +95,19 @@ def test_two_rank_training_exits_cleanly_beside_a_cpu_load():
                     failures.append(f"round {round_} {kind} {'bf16' if autocast else 'fp32'}: "
                                     f"{type(e).__name__}: {e}")
     assert not failures, f"{len(failures)} of {runs} runs failed:\n" + "\n".join(failures)
+
+
+def _start_without_wait(rank, world):
+    shard = torch.full((4,), float(rank))
+    full = torch.ops.dcr.allgather_cast_start(shard, world, dist.group.WORLD.group_name, None)
+    assert zero3.gathers_in_flight() == 1
+    assert zero3.release_in_flight() == 1 and zero3.gathers_in_flight() == 0
+    torch.testing.assert_close(full, torch.arange(world).float().repeat_interleave(4))
+    assert zero3.release_in_flight() == 0
+
+
+def test_release_in_flight_waits_a_gather_left_without_its_wait():
+    """Guards against a gather's work outliving its step (a step that raised between
+    allgather_cast_start and its wait): release_in_flight waits for it and drops it, so it is
+    neither alive at destroy_process_group nor destroyed during interpreter finalization."""
+    run_ranks(_start_without_wait, 2)
