@@ -85,25 +85,28 @@ def gathers_in_flight() -> int:
     return len(_in_flight)
 
 
-def release_in_flight() -> int:
-    """Waits for every gather still in flight and drops its work, so that no collective or work
-    object of ours outlives the step that started it; returns how many there were. A step that
-    raised between a start and its wait leaves one behind, holding the group's communicator
-    context: call this before dist.destroy_process_group(). It also runs at interpreter exit
-    (atexit, while the interpreter is whole), so such a work is never destroyed during
-    finalization. A wait that fails (the group is already gone) still drops the work."""
+def release_in_flight(wait: bool = True) -> int:
+    """Drops every gather still in flight, so that no collective or work object of ours outlives
+    the step that started it; returns how many there were. A step that raised between a start
+    and its wait leaves one behind, holding the communicator's context: call this before
+    dist.destroy_process_group(). wait=True first waits for each (every rank must have started
+    the same gathers, else this blocks until the group's timeout; a wait that fails because
+    the group is gone still drops the work). At interpreter exit it runs with wait=False
+    (atexit, while the interpreter is whole): a crashed step never becomes a hang at exit, and
+    no work of ours is destroyed during finalization."""
     handles = list(_in_flight.values())
     _in_flight.clear()
-    for handle in handles:
-        if handle is not None:
-            try:
-                handle.wait()
-            except RuntimeError:  # the group was destroyed or aborted under it: nothing to wait
-                pass
+    if wait:
+        for handle in handles:
+            if handle is not None:
+                try:
+                    handle.wait()
+                except RuntimeError:  # the group was destroyed or aborted under it
+                    pass
     return len(handles)
 
 
-atexit.register(release_in_flight)
+atexit.register(release_in_flight, wait=False)
 
 
 def _key(full: torch.Tensor) -> int:

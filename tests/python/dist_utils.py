@@ -23,7 +23,8 @@ def _entry(rank, world, port, fn, args, backend="gloo"):
     try:
         fn(rank, world, *args)
     finally:
-        release_in_flight()  # no work of ours outlives the group (a step that raised mid-gather)
+        # No work of ours outlives the group; no wait: a rank that failed mid-step must not hang.
+        release_in_flight(wait=False)
         if dist.is_initialized():  # fn may destroy the group itself (test_teardown)
             dist.destroy_process_group()
 
