@@ -53,6 +53,7 @@ kernels of deepcompile_remat.comm when they were built, else torch's own cast + 
 """
 from __future__ import annotations
 
+import atexit
 from typing import Optional
 
 import weakref
@@ -110,6 +111,36 @@ _in_flight: dict = {}
 # Reduce-scatters started and not yet waited on, by their output's storage: (work, the flat
 # send buffer, world size). The entry holds the send buffer until the wait, whoever else does.
 _scatters_in_flight: dict = {}
+
+
+def gathers_in_flight() -> int:
+    """How many gathers allgather_cast_start began that no wait has finished yet (0 between
+    steps; more only inside a step, or after a step that raised between a start and its wait)."""
+    return len(_in_flight)
+
+
+def release_in_flight(wait: bool = True) -> int:
+    """Drops every gather still in flight, so that no collective or work object of ours outlives
+    the step that started it; returns how many there were. A step that raised between a start
+    and its wait leaves one behind, holding the communicator's context: call this before
+    dist.destroy_process_group(). wait=True first waits for each (every rank must have started
+    the same gathers, else this blocks until the group's timeout; a wait that fails because
+    the group is gone still drops the work). At interpreter exit it runs with wait=False
+    (atexit, while the interpreter is whole): a crashed step never becomes a hang at exit, and
+    no work of ours is destroyed during finalization."""
+    handles = list(_in_flight.values())
+    _in_flight.clear()
+    if wait:
+        for handle in handles:
+            if handle is not None:
+                try:
+                    handle.wait()
+                except RuntimeError:  # the group was destroyed or aborted under it
+                    pass
+    return len(handles)
+
+
+atexit.register(release_in_flight, wait=False)
 
 
 def _key(full: torch.Tensor) -> int:

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from dcr_bench.harness.ranks import RanksTimedOut, free_port, spawn_for_rows
-from deepcompile_remat.zero3.custom_ops import resolve_group
+from deepcompile_remat.zero3.custom_ops import release_in_flight, resolve_group
 from deepcompile_remat.zero3.shard import specs_of
 
 
@@ -23,7 +23,10 @@ def _entry(rank, world, port, fn, args, backend="gloo"):
     try:
         fn(rank, world, *args)
     finally:
-        dist.destroy_process_group()
+        # No work of ours outlives the group; no wait: a rank that failed mid-step must not hang.
+        release_in_flight(wait=False)
+        if dist.is_initialized():  # fn may destroy the group itself (test_teardown)
+            dist.destroy_process_group()
 
 
 RANKS_TIMEOUT_S = 300.0
