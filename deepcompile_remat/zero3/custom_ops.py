@@ -113,31 +113,35 @@ _in_flight: dict = {}
 _scatters_in_flight: dict = {}
 
 
-def gathers_in_flight() -> int:
-    """How many gathers allgather_cast_start began that no wait has finished yet (0 between
-    steps; more only inside a step, or after a step that raised between a start and its wait)."""
-    return len(_in_flight)
+def collectives_in_flight() -> int:
+    """How many collectives of ours (gathers and reduce-scatters) a start began that no wait has
+    finished yet (0 between steps; more only inside a step, or after a step that raised between
+    a start and its wait)."""
+    return len(_in_flight) + len(_scatters_in_flight)
 
 
 def release_in_flight(wait: bool = True) -> int:
-    """Drops every gather still in flight, so that no collective or work object of ours outlives
-    the step that started it; returns how many there were. A step that raised between a start
-    and its wait leaves one behind, holding the communicator's context: call this before
-    dist.destroy_process_group(). wait=True first waits for each (every rank must have started
-    the same gathers, else this blocks until the group's timeout; a wait that fails because
-    the group is gone still drops the work). At interpreter exit it runs with wait=False
-    (atexit, while the interpreter is whole): a crashed step never becomes a hang at exit, and
-    no work of ours is destroyed during finalization."""
-    handles = list(_in_flight.values())
+    """Drops every gather and reduce-scatter still in flight, so that no collective or work
+    object of ours outlives the step that started it; returns how many there were. A step that
+    raised between a start and its wait leaves one behind, holding the communicator's context:
+    call this before dist.destroy_process_group(). wait=True first waits for each (every rank
+    must have started the same collectives, else this blocks until the group's timeout; a wait
+    that fails because the group is gone still drops the work). At interpreter exit it runs
+    with wait=False (atexit, while the interpreter is whole): a crashed step never becomes a
+    hang at exit, and no work of ours is destroyed during finalization. A dropped
+    reduce-scatter's gradient is never averaged: only a step that raised leaves one, and its
+    gradients are not to be used."""
+    works = list(_in_flight.values()) + [work for work, _, _ in _scatters_in_flight.values()]
     _in_flight.clear()
+    _scatters_in_flight.clear()
     if wait:
-        for handle in handles:
-            if handle is not None:
+        for work in works:
+            if work is not None:
                 try:
-                    handle.wait()
+                    work.wait()
                 except RuntimeError:  # the group was destroyed or aborted under it
                     pass
-    return len(handles)
+    return len(works)
 
 
 atexit.register(release_in_flight, wait=False)

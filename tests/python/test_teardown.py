@@ -54,7 +54,7 @@ def _train_sgd_then_destroy(rank, world, kind, autocast):
         loss.backward()
         opt.step()
         opt.zero_grad()
-    assert zero3.gathers_in_flight() == 0, "a gather was started and never waited on"
+    assert zero3.collectives_in_flight() == 0, "a collective was started and never waited on"
     assert GLOO_THREAD in _thread_names(), "the check below would see nothing: gloo renamed?"
     dist.destroy_process_group()
     gc.collect()
@@ -100,8 +100,8 @@ def test_two_rank_training_exits_cleanly_beside_a_cpu_load():
 def _start_without_wait(rank, world):
     shard = torch.full((4,), float(rank))
     full = torch.ops.dcr.allgather_cast_start(shard, world, dist.group.WORLD.group_name, None)
-    assert zero3.gathers_in_flight() == 1
-    assert zero3.release_in_flight() == 1 and zero3.gathers_in_flight() == 0
+    assert zero3.collectives_in_flight() == 1
+    assert zero3.release_in_flight() == 1 and zero3.collectives_in_flight() == 0
     torch.testing.assert_close(full, torch.arange(world).float().repeat_interleave(4))
     assert zero3.release_in_flight() == 0
 
