@@ -5,32 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "memory_graph_builder.h"
 #include "memsim/memory_sim.h"
 #include "schedule/collective_waits.h"
 
 namespace dcr {
 namespace {
 
-struct Graph {
-  std::vector<double> bytes;
-  std::vector<int64_t> alias_of, tails, heads;
-  std::vector<uint8_t> is_input, persistent, keep;
-
-  int64_t Add(double b, std::vector<int64_t> in, bool input = false, int64_t alias = -1) {
-    const int64_t v = static_cast<int64_t>(bytes.size());
-    bytes.push_back(alias >= 0 ? 0 : b);
-    alias_of.push_back(alias);
-    is_input.push_back(input), persistent.push_back(0), keep.push_back(0);
-    for (int64_t u : in) tails.push_back(u), heads.push_back(v);
-    return v;
-  }
-  MemoryGraph View() const {
-    MemoryGraph g;
-    g.num_nodes = static_cast<int64_t>(bytes.size());
-    g.bytes = bytes, g.alias_of = alias_of, g.is_input = is_input;
-    g.persistent = persistent, g.keep = keep, g.edge_tails = tails, g.edge_heads = heads;
-    return g;
-  }
+struct Graph : test_support::MemoryGraphArrays {
   WaitPlacement Place(const std::vector<int64_t>& order, const std::vector<int64_t>& starts,
                       const std::vector<int64_t>& waits, double budget, int64_t limit = 0) const {
     return PlaceCollectiveWaits(View(), order, starts, waits, budget, limit);

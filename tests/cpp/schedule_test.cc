@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "memory_graph_builder.h"
 #include "memsim/memory_sim.h"
 #include "schedule/buckets.h"
 #include "schedule/regather_schedule.h"
@@ -11,30 +12,16 @@
 namespace dcr {
 namespace {
 
-struct Graph {
-  std::vector<double> bytes;
-  std::vector<int64_t> alias_of, tails, heads;
-  std::vector<uint8_t> is_input, persistent, keep, movable, is_gather;
+struct Graph : test_support::MemoryGraphArrays {
+  std::vector<uint8_t> movable, is_gather;
   std::vector<int64_t> gather_key;
 
-  int64_t Add(double b, std::vector<int64_t> in, bool input = false, int64_t alias = -1) {
-    const int64_t v = static_cast<int64_t>(bytes.size());
-    bytes.push_back(alias >= 0 ? 0 : b);
-    alias_of.push_back(alias);
-    is_input.push_back(input), persistent.push_back(0), keep.push_back(0);
+  int64_t Add(double b, const std::vector<int64_t>& in, bool input = false, int64_t alias = -1) {
     movable.push_back(0), is_gather.push_back(0), gather_key.push_back(0);
-    for (int64_t u : in) tails.push_back(u), heads.push_back(v);
-    return v;
+    return MemoryGraphArrays::Add(b, in, input, alias);
   }
   RegatherSchedule Schedule(const std::vector<int64_t>& order, const ScheduleOptions& o) const {
     return ScheduleRegathers(View(), order, movable, is_gather, gather_key, o);
-  }
-  MemoryGraph View() const {
-    MemoryGraph g;
-    g.num_nodes = static_cast<int64_t>(bytes.size());
-    g.bytes = bytes, g.alias_of = alias_of, g.is_input = is_input;
-    g.persistent = persistent, g.keep = keep, g.edge_tails = tails, g.edge_heads = heads;
-    return g;
   }
 };
 

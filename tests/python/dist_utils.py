@@ -55,3 +55,16 @@ def full_grads(model) -> dict:
             dist.all_gather(parts, g, group=resolve_group(spec.group_name))
             out[f"{mod_name}.{name}".lstrip(".")] = torch.cat(parts)[: spec.numel].view(spec.shape)
     return out
+
+
+def assert_trains_like_one_process(model, reference, losses, ref_losses, autocast: bool,
+                                   world: int) -> None:
+    """Each step's loss, averaged over ranks, and the final (gathered) state equal one
+    unsharded process's, within autocast's tolerance under autocast and fp32's otherwise."""
+    tol = dict(rtol=3e-2, atol=3e-2) if autocast else dict(rtol=1e-4, atol=1e-5)
+    for step, (mine, ref) in enumerate(zip(losses, ref_losses)):
+        dist.all_reduce(mine)
+        torch.testing.assert_close(mine / world, ref, **tol, msg=lambda m: f"step {step}: {m}")
+    full = model.state_dict()  # gathered on every rank
+    for name, ref in reference.state_dict().items():
+        torch.testing.assert_close(full[name], ref, **tol, msg=lambda m: f"{name}: {m}")

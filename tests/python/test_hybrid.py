@@ -11,7 +11,7 @@ import torch.distributed as dist
 import deepcompile_remat as dcr
 from deepcompile_remat import zero3
 from dcr_bench.harness.models import GPT
-from dist_utils import run_ranks
+from dist_utils import assert_trains_like_one_process, run_ranks
 from test_zero3 import _train
 
 STEPS, GLOBAL_BATCH, REPLICAS, SHARDS = 3, 8, 2, 2
@@ -55,13 +55,7 @@ def _hybrid_training(rank, world, kind, autocast, how):
     losses = _train(model, local, autocast, run)
     ref_losses = _train(reference, batches, autocast)
 
-    tol = dict(rtol=3e-2, atol=3e-2) if autocast else dict(rtol=1e-4, atol=1e-5)
-    for step, (mine, ref) in enumerate(zip(losses, ref_losses)):
-        dist.all_reduce(mine)
-        torch.testing.assert_close(mine / world, ref, **tol, msg=lambda m: f"step {step}: {m}")
-    full = model.state_dict()
-    for name, ref in reference.state_dict().items():
-        torch.testing.assert_close(full[name], ref, **tol, msg=lambda m: f"{name}: {m}")
+    assert_trains_like_one_process(model, reference, losses, ref_losses, autocast, world)
     # The replicas hold the same shards, bit for bit (the same averaged gradient everywhere).
     mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     other = torch.empty_like(mine)

@@ -11,7 +11,7 @@ import deepcompile_remat as dcr
 from deepcompile_remat import zero3
 from deepcompile_remat.fx_values import OP_NAMESPACE, OPS
 from dcr_bench.harness.models import GPT, MLP
-from dist_utils import full_grads, run_ranks
+from dist_utils import assert_trains_like_one_process, full_grads, run_ranks
 from graph_checks import capture_partitions, parameter_copies_saved, reads_before_wait
 
 STEPS, GLOBAL_BATCH = 3, 4
@@ -51,13 +51,7 @@ def _train_and_compare(rank, world, kind, autocast, config=None):
         losses = _train(model, local, autocast, run)
     ref_losses = _train(reference, batches, autocast)
 
-    tol = dict(rtol=3e-2, atol=3e-2) if autocast else dict(rtol=1e-4, atol=1e-5)
-    for step, (mine, ref) in enumerate(zip(losses, ref_losses)):
-        dist.all_reduce(mine)
-        torch.testing.assert_close(mine / world, ref, **tol, msg=lambda m: f"step {step}: {m}")
-    full = model.state_dict()  # gathered on every rank
-    for name, ref in reference.state_dict().items():
-        torch.testing.assert_close(full[name], ref, **tol, msg=lambda m: f"{name}: {m}")
+    assert_trains_like_one_process(model, reference, losses, ref_losses, autocast, world)
 
     if kind != "uncompiled":
         shard_sizes = {p.numel() for p in model.parameters()}
