@@ -19,6 +19,6 @@ PY="$VENV/bin/python"
 "$PY" setup.py -q build_ext --inplace >/dev/null
 # DeepSpeed JIT-builds its CPU comm op against the torch it runs with: a cache of its own.
 export TORCH_EXTENSIONS_DIR="$PWD/$VENV/torch_extensions"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"  # the product and its tools (dcr_bench), also in subprocesses
 "$PY" -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
 "$PY" -m pytest "$@"  # pyproject testpaths: every test when no path is given
