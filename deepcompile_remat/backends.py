@@ -182,9 +182,9 @@ def _inductor_backend(config: RematConfig, on_partition: Optional[Callable] = No
         # Off but observed: torch's min-cut behind the hook, so on_partition sees its graphs.
         partitioner = RematPartitioner(config, _parameters(config, example_inputs),
                                        len(example_inputs), on_partition, example_inputs)
-        kept = (report_cache.surviving_cache_hits(
-            report_cache.key_of(partitioner.uuid(), gm, example_inputs), config.keep_reports)
-            if config.enabled else contextlib.nullcontext())
+        kept = (report_cache.surviving_cache_hits(partitioner.uuid(), gm, example_inputs,
+                                                  config.keep_reports)
+                if config.enabled else contextlib.nullcontext())
         with torch._inductor.config.patch(custom_partitioner_fn=partitioner), kept:
             return compile_fx(gm, example_inputs)
 

@@ -93,14 +93,16 @@ def _autograd_cache_hits() -> int:
 
 
 @contextlib.contextmanager
-def surviving_cache_hits(key: str, keep: int):
-    """Context manager around one compile: the reports its partitioner records are kept
-    under `key`; if torch served it from the AOTAutograd cache instead (no report, a cache
-    hit), the kept ones are recorded again (from_cache=True), or a warning says they are
-    missing."""
+def surviving_cache_hits(partitioner_uuid: str, gm: torch.fx.GraphModule,
+                         example_inputs: Sequence[Any], keep: int):
+    """Context manager around one compile of `gm`: the reports its partitioner records are
+    kept under key_of(...); if torch served it from the AOTAutograd cache instead (no report,
+    a cache hit), the kept ones are recorded again (from_cache=True), or a warning says they
+    are missing. With the caches off it does nothing (not even hash the graph)."""
     if not caches_on():
         yield
         return
+    key = key_of(partitioner_uuid, gm, example_inputs)
     hits = _autograd_cache_hits()
     with report.collecting() as fresh:
         yield

@@ -54,9 +54,8 @@ kernels of deepcompile_remat.comm when they were built, else torch's own cast + 
 from __future__ import annotations
 
 import atexit
-from typing import Optional
-
 import weakref
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -355,7 +354,7 @@ def average_over_replicas(shard_grad: torch.Tensor, group_name: str) -> torch.Te
     if replicate is None:
         return shard_grad
     return OPS.allreduce_replicas(shard_grad, dist.get_world_size(replicate),
-                                            replicate.group_name)
+                                  replicate.group_name)
 
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::allreduce_replicas", mutates_args=())
@@ -469,7 +468,7 @@ def reduce_scatter_grad_bucket(full_grads: list[torch.Tensor], world_size: int,
     """reduce_scatter_grad of each full gradient, in one collective: rank r's slots of all of
     them are laid side by side in row r of one buffer, so the buffer's r-th chunk is exactly
     what rank r keeps. Per element the same sum as one collective per gradient."""
-    mine, rows = _grad_bucket_start(full_grads, world_size, group_name)
+    mine, _ = _grad_bucket_start(full_grads, world_size, group_name)
     return _grad_bucket_unpack(mine, [g.numel() // world_size for g in full_grads],
                                f"{OP_NAMESPACE}::reduce_scatter_grad_bucket")
 
@@ -513,7 +512,8 @@ def reduce_scatter_grad_bucket_wait(grad_shard: torch.Tensor, rows: torch.Tensor
     (`rows`, its send buffer, and `after`, as in reduce_scatter_grad_wait, are only held) and
     returns each member's shard of the gradient (sizes: the members' shard lengths, in
     order)."""
-    return _grad_bucket_unpack(grad_shard, list(sizes), f"{OP_NAMESPACE}::reduce_scatter_grad_bucket_wait")
+    return _grad_bucket_unpack(grad_shard, list(sizes),
+                               f"{OP_NAMESPACE}::reduce_scatter_grad_bucket_wait")
 
 
 @reduce_scatter_grad_bucket_wait.register_fake

@@ -462,8 +462,9 @@ def gathered_parameters(module: nn.Module, modifier_rank: Optional[int] = None):
     of another shape all work); on exit they are re-sharded. Every rank must enter it.
 
     modifier_rank: the rank (in the shard group) whose parameters win: they are broadcast to
-    every rank on exit (under hybrid sharding, the first replica's win across replicas). None: every rank must make the same change, which is checked (a
-    fingerprint of every parameter) and an error names the first that differs.
+    every rank on exit (under hybrid sharding, the first replica's win across replicas).
+    None: every rank must make the same change, which is checked (a fingerprint of every
+    parameter) and an error names the first that differs.
     A parameter whose shape and dtype did not change is written back into its old shard
     object, so optimizers built before keep working; a new or reshaped parameter gets a new
     shard (build the optimizer after)."""
