@@ -19,6 +19,8 @@ which takes over ZeRO-3 the same way for DeepCompile):
   - persistent parameters (kept gathered between steps); released and no longer re-gathered.
   - the gradient reduce buckets (optimizer.ipg_buckets[dtype].buffer, preallocated at
     reduce_bucket_size): unused without its gradient hooks; shrunk to nothing.
+  - under torch_autocast, the fp32 partitions (fp32_partitioned_groups_flat) DeepSpeed copies
+    from the fp32 parameter partitions by mistake: made the aliases it meant them to be.
 """
 from __future__ import annotations
 
@@ -102,6 +104,93 @@ def release_reduce_buckets(optimizer) -> int:
         released += buffer.numel() * buffer.element_size()
         bucket.buffer = buffer.new_empty(0)
     return released
+
+
+def alias_fp32_partitions(optimizer) -> int:
+    """Under torch_autocast the parameter partitions are fp32 already, and DeepSpeed means its
+    fp32 (master) partitions to be those same tensors (stage3._create_fp32_partitions: "we
+    don't need another copy of the weights"). Its test compares a tensor's device with the
+    accelerator's device *name*, a string, which never equals a torch.device in torch 2.x, so
+    it makes a copy: 4 more bytes per parameter held for the whole run. Make each fp32
+    partition that is an equal copy of its parameter partition (same dtype, device and values)
+    share that partition's storage, as DeepSpeed intended: the optimizer updates the parameter
+    partitions in place and DeepSpeed's copy back after the step (fp16 <- fp32) copies a tensor
+    onto itself. A checkpoint load writes through the alias (fp32_partitioned_groups_flat[i]
+    .data.copy_). Returns the bytes released."""
+    released = 0
+    for lp, hp in zip(optimizer.fp16_partitioned_groups_flat,
+                      optimizer.fp32_partitioned_groups_flat):
+        if (hp is lp or hp.dtype != lp.dtype or hp.device != lp.device or hp.shape != lp.shape
+                or hp.untyped_storage().data_ptr() == lp.untyped_storage().data_ptr()
+                or not torch.equal(hp, lp)):
+            continue
+        released += hp.untyped_storage().nbytes()
+        hp.data = lp.data
+    return released
+
+
+def _one_span(tensors) -> "torch.Tensor | None":
+    """The 1-D view covering `tensors` when they are consecutive, contiguous 1-D slices of one
+    storage (DeepSpeed's per-parameter gradient slots of a sub-group), else None."""
+    if not tensors or any(t is None for t in tensors):
+        return None
+    first = tensors[0]
+    offset, ptr = first.storage_offset(), first.untyped_storage().data_ptr()
+    for t in tensors:
+        if (t.dim() != 1 or not t.is_contiguous() or t.dtype != first.dtype
+                or t.untyped_storage().data_ptr() != ptr or t.storage_offset() != offset):
+            return None
+        offset += t.numel()
+    return first.as_strided((offset - first.storage_offset(),), (1,), first.storage_offset())
+
+
+def step_without_flat_grad_copy(optimizer) -> None:
+    """DeepSpeed's step hands each sub-group's gradients to the torch optimizer as
+    flatten(averaged_gradients).to(fp32) (_prepare_fp32_grad_for_sub_group): a copy of the
+    whole gradient partition, although the slots it flattens already lie side by side in
+    grad_partitions_flat_buffer. That copy is 4 bytes per parameter on top of the step's peak.
+    Here the sub-group's span of the flat buffer is used as it is (cast only where the dtypes
+    differ); anything else (slots not side by side, a frozen parameter's zeros) goes through
+    DeepSpeed's own code. The torch optimizer reads the gradient and DeepSpeed's clipping
+    scales it in place, which the flat buffer can take: the next first micro-batch overwrites
+    every slot it holds data for (the takeover's gradient hook copies)."""
+    original = optimizer._prepare_fp32_grad_for_sub_group
+
+    def prepare(sub_group_id):
+        hp = optimizer.fp32_partitioned_groups_flat[sub_group_id]
+        span = _one_span(optimizer.averaged_gradients[sub_group_id])
+        if span is None or span.numel() != hp.numel() or span.device != hp.device:
+            return original(sub_group_id)
+        hp.grad = span.to(hp.dtype)
+        optimizer.averaged_gradients[sub_group_id] = None
+
+    optimizer._prepare_fp32_grad_for_sub_group = prepare
+
+
+def release_grad_partitions(optimizer) -> int:
+    """Free the storage of DeepSpeed's flat gradient buffer (grad_partitions_flat_buffer, 4
+    bytes per parameter under torch_autocast, preallocated at initialize and held for the
+    whole run), keeping the tensor and every slot view of it: between an optimizer step and the
+    next backward no one reads it. restore_grad_partitions gives it back, zeroed. Returns the
+    bytes freed (0 when already freed)."""
+    buffer = optimizer.grad_partitions_flat_buffer
+    storage = buffer.untyped_storage()
+    freed = storage.nbytes()
+    if freed:
+        storage.resize_(0)
+    return freed
+
+
+def restore_grad_partitions(optimizer) -> None:
+    """The flat gradient buffer back at its size, zeroed (DeepSpeed's state at initialize: a
+    slot the backward does not write, a parameter without a gradient, stays zero), if
+    release_grad_partitions freed it."""
+    buffer = optimizer.grad_partitions_flat_buffer
+    storage = buffer.untyped_storage()
+    needed = (buffer.storage_offset() + buffer.numel()) * buffer.element_size()
+    if storage.nbytes() < needed:
+        storage.resize_(needed)
+        buffer.zero_()
 
 
 def grad_partition(optimizer, param) -> torch.Tensor:

@@ -6,7 +6,9 @@ DeepSpeed keeps: bf16 under "bf16", fp32 under "torch_autocast"). The takeover
 
   1. removes DeepSpeed's gather/release and gradient hooks (_ds_internals.remove_zero3_hooks)
      and frees what only they used (its preallocated gradient reduce buckets, 3 GB at its
-     default reduce_bucket_size under torch_autocast);
+     default reduce_bucket_size under torch_autocast), and under torch_autocast makes its fp32
+     partitions the aliases of the parameter partitions DeepSpeed meant them to be (it copies
+     them: 4 bytes per parameter);
   2. gives each parameter one *shard leaf*: an ``nn.Parameter`` aliasing ds_tensor's storage,
      so the optimizer's in-place updates of ds_tensor are what the next forward gathers;
   3. turns each module attribute into a property returning ``gather(leaf)`` (zero3.shard's
@@ -18,7 +20,9 @@ DeepSpeed keeps: bf16 under "bf16", fp32 under "torch_autocast"). The takeover
 Gradients: allgather_cast's backward reduce-scatters the full gradient (mean over ranks, as
 DeepSpeed's averaging), so each shard leaf receives exactly this rank's averaged partition. A
 post-accumulate-grad hook moves it into DeepSpeed's gradient partition the way partition_grads
-does (copy on the first micro-batch after a step, add on the next ones) and frees it. The
+does (copy on the first micro-batch after a step, add on the next ones) and frees it.
+DeepSpeed's flat gradient buffer exists only from the first gradient of a backward to the end
+of the optimizer step, which reads it in place (no flattened copy). The
 engine's own backward epilogue then runs unchanged (empty reduce buckets): optimizer step,
 clipping, overflow checks and checkpoints read the partitions as they always do.
 """
@@ -52,7 +56,9 @@ class Takeover:
     """What initialize() attached to the engine (engine.dcr_takeover): the block's config
     (remat), the backend kind compiling the module now (kind), one (DeepSpeed parameter, shard
     leaf) pair per parameter taken over (leaves; tied parameters share one), and the bytes of
-    DeepSpeed's gradient reduce buckets it released (released_bytes). Its repr is one line:
+    DeepSpeed's buffers it released (released_bytes: the unused gradient reduce buckets, and
+    under torch_autocast the fp32 partitions DeepSpeed copied where it meant to alias the
+    parameter partitions; _ds_internals.alias_fp32_partitions). Its repr is one line:
     ``Takeover(backend='inductor', parameters=24, released_bytes=0)``."""
 
     remat: RematConfig
@@ -60,7 +66,8 @@ class Takeover:
     leaves: list = field(default_factory=list)  # (DeepSpeed parameter, shard leaf)
     written: set = field(default_factory=set)  # ds_ids whose slot this micro-batch has written
     handles: list = field(default_factory=list)
-    released_bytes: int = 0  # DeepSpeed's reduce buckets, shrunk to nothing
+    released_bytes: int = 0  # DeepSpeed's reduce buckets and duplicate fp32 partitions
+    released_fp32_bytes: int = 0  # of which duplicate fp32 partitions
 
     def __repr__(self) -> str:
         return (f"Takeover(backend={self.kind!r}, parameters={len(self.leaves)}, "
@@ -68,9 +75,12 @@ class Takeover:
 
     def summary(self) -> str:
         """The line rank 0 logs at takeover."""
+        buckets = self.released_bytes - self.released_fp32_bytes
         return (f"deepcompile_remat: took over {len(self.leaves)} DeepSpeed ZeRO-3 parameters "
-                f"(backend {self.kind}); released {self.released_bytes / 2**20:.1f} MiB of "
-                f"DeepSpeed's unused gradient reduce buckets")
+                f"(backend {self.kind}); released {self.released_bytes / 2**20:.1f} MiB: "
+                f"{buckets / 2**20:.1f} of DeepSpeed's unused gradient reduce buckets, "
+                f"{self.released_fp32_bytes / 2**20:.1f} of fp32 partitions copied from the "
+                f"fp32 parameter partitions (now aliases)")
 
     def sync(self) -> None:
         """Re-point a leaf whose ds_tensor DeepSpeed moved to new storage (offload_states /
@@ -125,6 +135,7 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
         grad, leaf.grad = leaf.grad, None
         if grad is None or not holds_data:
             return
+        ds.restore_grad_partitions(optimizer)  # freed since the last step: back, zeroed
         slot = ds.grad_partition(optimizer, p).narrow(0, 0, grad.numel())
         if p.ds_id in takeover.written or ds.micro_step_id(optimizer) != 0:
             slot.add_(grad.to(slot.dtype))  # a later micro-batch, or a second use this one
@@ -133,6 +144,32 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
         takeover.written.add(p.ds_id)
 
     return hook
+
+
+def _hold_gradients_only_in_the_step(optimizer) -> None:
+    """DeepSpeed holds its flat gradient buffer for the whole run and copies it once more in
+    the optimizer step (flatten). Here the buffer exists from the first gradient a backward
+    writes until the optimizer step that reads it, and the step reads it in place
+    (_ds_internals.step_without_flat_grad_copy): what our own runtime holds. Anything else that
+    reads the buffer (offload_states) gets it back first."""
+    ds.step_without_flat_grad_copy(optimizer)
+    step, offload_states = optimizer.step, getattr(optimizer, "offload_states", None)
+
+    def step_then_release(*args, **kwargs):
+        ds.restore_grad_partitions(optimizer)  # a step with no backward before it reads zeros
+        try:
+            return step(*args, **kwargs)
+        finally:
+            ds.release_grad_partitions(optimizer)
+
+    optimizer.step = step_then_release
+    if offload_states is not None:
+        def restore_then_offload(*args, **kwargs):
+            ds.restore_grad_partitions(optimizer)
+            return offload_states(*args, **kwargs)
+
+        optimizer.offload_states = restore_then_offload
+    ds.release_grad_partitions(optimizer)
 
 
 def requested_kind(backend: Any) -> Optional[str]:
@@ -192,8 +229,11 @@ def take_over(engine, remat: RematConfig) -> Takeover:
     ds.remove_zero3_hooks(engine)
     ds.release_gathered_parameters(engine)
     released = ds.release_reduce_buckets(optimizer)
+    released_fp32 = ds.alias_fp32_partitions(optimizer)
 
-    takeover = Takeover(remat, released_bytes=released)
+    takeover = Takeover(remat, released_bytes=released + released_fp32,
+                        released_fp32_bytes=released_fp32)
+    _hold_gradients_only_in_the_step(optimizer)
     leaves: dict = {}
     for mod in module.modules():
         names = tuple(n for n, p in mod._parameters.items() if p is not None)

@@ -92,6 +92,7 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
         losses = _train(ours, rank, micro_steps, norms)
     assert zero3.CommStats.allgather_calls > 0 and zero3.CommStats.reduce_scatter_bytes > 0
     assert_deepspeed_never_gathered(ours)
+    _assert_holds_what_our_runtime_holds(stock, ours, precision)
     full = full_fp32_params(ours)
 
     # Measured here: losses within 2.2e-4, fp32 master weights within 6.5e-4 after 5 steps
@@ -118,6 +119,28 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
     if precision == "autocast":  # fp32 shards used in bf16 are gathered in bf16
         gathers = [c for c in reports[0].collectives if f":{OP_NAMESPACE}::allgather_cast" in c]
         assert any(":bfloat16:" in c for c in gathers), gathers
+
+
+def _assert_holds_what_our_runtime_holds(stock, ours, precision):
+    """At rest after a step the takeover holds no copy DeepSpeed made by mistake and no
+    gradient buffer; stock DeepSpeed holds both (else the accounting itself is broken)."""
+    from deepcompile_remat.deepspeed.accounting import held_bytes
+
+    shard = sum(p.ds_tensor.numel() for p in ours.module.parameters())
+    mine, theirs = held_bytes(ours), held_bytes(stock)
+    assert theirs.by_owner.get("gradient partitions", 0) >= 2 * shard, theirs.by_owner
+    assert "gradient partitions" not in mine.by_owner, mine.table()
+    if precision == "autocast":
+        # DeepSpeed copies its fp32 partitions from the fp32 parameter partitions (its alias
+        # test compares a device with a string); under the takeover they are the same storage.
+        assert theirs.by_owner.get("fp32 partitions", 0) >= 4 * shard, theirs.table()
+        assert "fp32 partitions" not in mine.by_owner, mine.table()
+        assert mine.aliases["fp32 partitions"] == "parameter partitions", mine.aliases
+        assert ours.dcr_takeover.released_fp32_bytes >= 4 * shard
+    # What is left: the parameter partitions and SGD's momentum, nothing else of size.
+    other = {k: v for k, v in mine.by_owner.items()
+             if k not in ("parameter partitions", "optimizer states", "fp32 partitions")}
+    assert sum(other.values()) < 1024, mine.table()
 
 
 @pytest.mark.parametrize("precision,kind", [("bf16", "eager"), ("autocast", "inductor")])
@@ -161,6 +184,49 @@ def test_checkpoint_round_trip_resumes_with_the_same_losses(tmp_path):
 
 
 # --- bad configs ------------------------------------------------------------------------------
+
+def _checkpoints_cross(rank, world, path):
+    rank_env(rank, world)
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    on, off = _config("autocast", True), _config("autocast", False)
+    ours = _engine(on)
+    _train(ours, rank, range(3))
+    ours.save_checkpoint(path, tag="ours")
+    at_save = full_fp32_params(ours)
+    continued = _train(ours, rank, range(3, 6))
+
+    # Ours -> ours: the same losses as not stopping, exactly.
+    resumed = _engine(on, seed=1)
+    resumed.load_checkpoint(path, tag="ours")
+    torch.testing.assert_close(_train(resumed, rank, range(3, 6)), continued, rtol=0, atol=0)
+    # Ours -> stock DeepSpeed: it resumes from our checkpoint (eager DeepSpeed against our
+    # compiled step: bf16 in another op order).
+    stock = _engine(off, seed=2)
+    stock.load_checkpoint(path, tag="ours")
+    torch.testing.assert_close(_train(stock, rank, range(3, 6)), continued, rtol=0, atol=1e-3)
+    stock.save_checkpoint(path, tag="stock")
+    after_stock = _train(stock, rank, range(6, 8))
+    # Stock DeepSpeed -> ours.
+    back = _engine(on, seed=3)
+    back.load_checkpoint(path, tag="stock")
+    torch.testing.assert_close(_train(back, rank, range(6, 8)), after_stock, rtol=0, atol=1e-3)
+    # zero_to_fp32 reads our checkpoint as DeepSpeed's: the fp32 weights at the save.
+    if rank == 0:
+        consolidated = get_fp32_state_dict_from_zero_checkpoint(path, tag="ours")
+        assert set(consolidated) == set(at_save)
+        for name, want in at_save.items():
+            torch.testing.assert_close(consolidated[name].float(), want, rtol=0, atol=0,
+                                       msg=lambda m: f"{name}: {m}")
+
+
+def test_checkpoints_cross_between_stock_deepspeed_and_the_takeover(tmp_path):
+    """Silent bugs guarded, under torch_autocast (where the takeover makes DeepSpeed's fp32
+    partitions aliases of its parameter partitions and frees the gradient buffer between
+    steps): a checkpoint of ours that stock DeepSpeed or zero_to_fp32 reads differently, a
+    load that writes the fp32 master but not what the next forward gathers, or the reverse."""
+    run_ranks(_checkpoints_cross, 2, str(tmp_path))
+
 
 def test_unknown_key_lists_the_valid_keys():
     """Silent bug guarded: a misspelt key (or a backend typo) ignored, so the run is not what the

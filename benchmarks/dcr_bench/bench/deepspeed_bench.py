@@ -73,6 +73,7 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
     from torch.profiler import ProfilerActivity
 
     from deepcompile_remat.deepspeed import initialize
+    from deepcompile_remat.deepspeed.accounting import held_bytes
     from dcr_bench.harness.models import hf_checkpointing_on
     from dcr_bench.harness.workload import blocks
 
@@ -123,7 +124,9 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
         with memory.profiled(activities=cpu, profile_memory=True) as fwd_bwd_prof:
             loss = forward_backward()
         engine.step()
-        rows.append({"setup": setup, "rank": rank,
+        held = held_bytes(engine)
+        rows.append({"setup": setup, "rank": rank, "held_at_rest": held.by_owner,
+                     "held_aliases": held.aliases,
                      "peak_mb": memory.peak_over_profile(prof) / 2**20,
                      "fwd_bwd_peak_mb": memory.peak_over_profile(fwd_bwd_prof) / 2**20,
                      "exact_counter": exact,
@@ -136,6 +139,13 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
         del engine, model, opt
     dist.destroy_process_group()
     return rows
+
+
+def held_table(by_owner: dict, aliases: dict, numel: int) -> str:
+    """held_bytes' table, from a row's JSON."""
+    from deepcompile_remat.deepspeed.accounting import HeldBytes
+
+    return HeldBytes(by_owner, aliases).table(numel)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -198,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
               f"{r['fwd_bwd_peak_mb']:>9.1f} {r['step_ms']:>9.1f} {r['cpu_ms']:>8.1f} "
               f"{r['loss']:>10.4f} {diff:>9.1e}")
     print("loss diff: the largest |loss - stock's loss| over every step (same data, same seed)")
+    print("held at rest after a step, rank 0, by owner (MiB; bytes per parameter of the rank's shard):")
+    for r in (r for r in rows if r["rank"] == 0):
+        print(f"  {r['setup']}:")
+        print(held_table(r["held_at_rest"], r["held_aliases"], r["parameters"] / args.world))
     if not all(r["exact_counter"] for r in rows):
         print("WARNING: c10's report_cpu_memory_usage flag could not be set: the peaks count only "
               "the profiled threads and may be high by buffers gloo's threads released")

@@ -159,6 +159,7 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
         with memory.profiled(activities=activities, profile_memory=True) as prof:
             system.step(batch)
         row.update(_step_figures(prof, device_type))
+        row["held_at_rest"] = system.held()
         from deepcompile_remat.partition.report import reports
 
         row["our_partitions"] = len(reports())  # graphs our partitioner cut in this process

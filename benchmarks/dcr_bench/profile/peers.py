@@ -64,6 +64,8 @@ class System:
     close: Callable[[], None] = lambda: None  # releases what it holds (a DeepSpeed engine)
     notes: list = field(default_factory=list)  # how it was set up; the table lists them
     facts: dict = field(default_factory=dict)  # recorded in the system's rows (results.json)
+    # What it holds at rest, by owner (bytes), read after the measured steps; in the rows too.
+    held: Callable[[], dict] = lambda: {}
 
 
 def _autocast(precision: str, device) -> contextlib.AbstractContextManager:
@@ -176,7 +178,14 @@ def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = Fal
         # Whether our takeover holds the engine (ours-deepspeed) or DeepSpeed runs as it ships:
         # a block that never reached DeepSpeed would make ours-deepspeed stock DeepSpeed again.
         taken_over = getattr(engine, "dcr_takeover", None) is not None
-        return System(step, close=engine.destroy, notes=notes, facts={"taken_over": taken_over})
+
+        def held() -> dict:
+            from deepcompile_remat.deepspeed.accounting import held_bytes
+
+            return held_bytes(engine).by_owner
+
+        return System(step, close=engine.destroy, notes=notes, facts={"taken_over": taken_over},
+                      held=held)
 
     return make
 

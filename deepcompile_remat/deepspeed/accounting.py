@@ -1,0 +1,124 @@
+"""held_bytes(engine): every tensor byte a DeepSpeed ZeRO-3 engine holds, by owner.
+
+What a rank holds between steps is the sum of a few large buffers whose owners are spread over
+the engine, its ZeRO-3 optimizer and the torch optimizer inside it, and some of them alias one
+another (under torch_autocast DeepSpeed's fp32 partitions are its parameter partitions). To say
+where the bytes are, every tensor reachable from those three objects is collected, each storage
+counted once, under the first owner that reaches it in this order:
+
+  parameter partitions   param.ds_tensor of every module parameter (the flat 16-bit, or fp32
+                         under torch_autocast, partitions the forward gathers)
+  gathered parameters    param.data of a parameter that is not released (persistent ones)
+  fp32 partitions        the optimizer's fp32_partitioned_groups_flat (master weights)
+  gradient partitions    grad_partitions_flat_buffer (every parameter's averaged gradient slot)
+  optimizer states       the torch optimizer's state (AdamW's exp_avg and exp_avg_sq)
+  fp32 gradients         .grad of the fp32 partitions, if the step left one set
+  reduce buckets         ipg_buckets[dtype].buffer (DeepSpeed's gradient hooks' buckets)
+  <attribute>            anything else, under the engine or optimizer attribute it hangs from
+
+An alias is reported once under its first owner and listed in ``aliases`` (owner -> the owner
+it shares storage with), so a reader sees what was not copied. Bytes are storage bytes: a
+view counts its whole storage once. No DeepSpeed import; reads the attributes DeepSpeed 0.19.8
+sets (_ds_internals.py lists the private ones)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+_MAX_DEPTH = 4  # how far into lists, tuples and dicts under an attribute the sweep looks
+
+
+@dataclass
+class HeldBytes:
+    """Bytes per owner (storage bytes, each storage counted once), and which owners alias an
+    earlier one instead of holding bytes of their own."""
+
+    by_owner: dict = field(default_factory=dict)  # owner -> bytes, in the order above
+    aliases: dict = field(default_factory=dict)  # owner -> the owner whose storage it shares
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_owner.values())
+
+    def per_parameter(self, numel: int) -> dict:
+        """Bytes per parameter of the model (numel: its parameter count) per owner, for the
+        "N bytes per parameter" reading."""
+        return {k: v / numel for k, v in self.by_owner.items()}
+
+    def table(self, numel: int = 0) -> str:
+        """One line per owner: MiB, and bytes per model parameter when numel is given."""
+        lines = []
+        for owner, n in self.by_owner.items():
+            per = f"  {n / numel:5.2f} B/param" if numel else ""
+            lines.append(f"  {owner:<28} {n / 2**20:9.2f} MiB{per}")
+        for owner, first in self.aliases.items():
+            lines.append(f"  {owner:<28}  (aliases {first}: no bytes of its own)")
+        per = f"  {self.total / numel:5.2f} B/param" if numel else ""
+        lines.append(f"  {'total':<28} {self.total / 2**20:9.2f} MiB{per}")
+        return "\n".join(lines)
+
+
+def _tensors(obj, depth: int = 0):
+    """Every tensor in obj, looking into lists, tuples, dicts and sets up to _MAX_DEPTH."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < _MAX_DEPTH:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield from _tensors(k, depth + 1)
+                yield from _tensors(v, depth + 1)
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            for v in obj:
+                yield from _tensors(v, depth + 1)
+
+
+class _Ledger:
+    def __init__(self):
+        self.owner_of: dict = {}  # storage key -> owner
+        self.result = HeldBytes()
+
+    def add(self, owner: str, tensors) -> None:
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.nbytes() == 0:
+                continue
+            key = (t.device, storage.data_ptr())
+            first = self.owner_of.get(key)
+            if first is None:
+                self.owner_of[key] = owner
+                self.result.by_owner[owner] = self.result.by_owner.get(owner, 0) + storage.nbytes()
+            elif first != owner and owner not in self.result.by_owner:
+                self.result.aliases.setdefault(owner, first)
+
+
+def held_bytes(engine, *, device: str | torch.device | None = None) -> HeldBytes:
+    """What `engine` (a DeepSpeed ZeRO-3 engine, taken over or not) holds now, by owner (module
+    docstring). `device`: count only tensors on that device type (default: the parameters')."""
+    module, optimizer = engine.module, engine.optimizer
+    inner = getattr(optimizer, "optimizer", None)
+    params = list(module.parameters())
+    device_type = torch.device(device).type if device is not None else (
+        params[0].ds_tensor.device.type if params and hasattr(params[0], "ds_tensor") else None)
+    ledger = _Ledger()
+    keep = (lambda ts: [t for t in ts if device_type is None or t.device.type == device_type])
+
+    ledger.add("parameter partitions", keep(p.ds_tensor for p in params if hasattr(p, "ds_tensor")))
+    ledger.add("gathered parameters", keep(p.data for p in params if p.numel() > 0))
+    fp32 = list(getattr(optimizer, "fp32_partitioned_groups_flat", []) or [])
+    ledger.add("fp32 partitions", keep(fp32))
+    grads = getattr(optimizer, "grad_partitions_flat_buffer", None)
+    ledger.add("gradient partitions", keep([grads] if grads is not None else []))
+    if inner is not None:
+        ledger.add("optimizer states", keep(_tensors(dict(inner.state))))
+    ledger.add("fp32 gradients", keep(t.grad for t in fp32 if t.grad is not None))
+    buckets = getattr(optimizer, "ipg_buckets", {}) or {}
+    ledger.add("reduce buckets", keep(getattr(b, "buffer", None) for b in buckets.values()
+                                      if getattr(b, "buffer", None) is not None))
+    # The sweep: whatever else hangs from the three objects, under its attribute's name.
+    for prefix, obj in (("optimizer", optimizer), ("engine", engine), ("torch optimizer", inner)):
+        for name, value in sorted(vars(obj).items()) if obj is not None else ():
+            if name in ("module", "optimizer", "state", "param_groups"):
+                continue
+            ledger.add(f"{prefix}.{name}", keep(_tensors(value)))
+    return ledger.result
