@@ -69,23 +69,22 @@ class RematConfig:
     (dcr::allgather_cast_start / dcr::allgather_cast_wait, and a bucket's
     dcr::allgather_cast_bucket_start / _wait: the same cast into the slot and in-place gather
     as every other gather, its collective left in flight in between) so communication
-    overlaps compute. "auto": only where the collective runs on its own stream
-    (NCCL); gloo on CPU shares the cores it would overlap with. "on" / "off": always / never.
-    Over gloo at most one gather is in flight at a time, a precaution kept from when gathers
-    were torch's functional collectives, which corrupt the heap on gloo with two or more
-    outstanding; the plain-API pattern the gathers use now (async_op=True) ran clean in the
-    same repro (scripts/repro_gloo_functional_collectives.py, "plain")."""
+    overlaps compute. "auto": only where the collective runs on its own stream (NCCL).
+    "on" / "off": always / never. On gloo "auto" is off by measurement: with both kinds of
+    collective "on", a step was no faster in any of 12 comparisons (compare, 2 gloo ranks, a
+    quiet 2-core machine, 2026-11-25; ours-inductor and its layer-bucket row at GPT small,
+    llama seq 16 and llama 4x512 seq 1024, autocast and bf16): on - off from -12% to +12%,
+    inside the run-to-run spread of the same row (e.g. GPT small autocast, layer buckets:
+    0.093 / 0.106 s off, 0.102 / 0.095 s on; llama seq 1024 autocast: 0.674 off, 0.671 on),
+    and a few MB higher peaks for the buffers in flight. On CPU the collective's threads
+    share the cores the compute would run on. Over gloo at most one gather is in flight."""
     async_reduce_scatters: AsyncGathers = "auto"
     """Split each gradient reduce-scatter of a backward graph (and each bucket of them) into
     a start, issued as soon as the gradient exists, and a wait placed as late as the memory
     budget (prefetch_budget_bytes) allows, at the latest where the graph returns the
     gradient (zero3/scatter_overlap.py): the collective runs under the rest of the backward,
-    holding its send buffer until the wait. "auto": only where the group runs NCCL. "on" /
-    "off": always / never. On gloo "auto" stays off for want of a clear measurement: on the
-    small GPT (compare --steps 5 --warmup 2, 2 gloo ranks, a 2-core machine at load 13-20),
-    "on" for both kinds of collective cut ours-inductor's time blocked in waits from 0.196 to
-    0.143 s (autocast) and 0.361 to 0.169 s (bf16) a step, but the layer-bucket row's went
-    0.254 -> 0.236 and 0.087 -> 0.118 s, and step times moved with the load more than that."""
+    holding its send buffer until the wait. "auto": only where the group runs NCCL; off on
+    gloo by the measurement given under async_gathers. "on" / "off": always / never."""
     cse: bool = True
     """Run FX common-subexpression elimination on the joint graph before the cut."""
     keep_reports: int = field(default=1000, metadata={"min": 0})
