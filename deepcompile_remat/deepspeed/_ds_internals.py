@@ -144,27 +144,73 @@ def _one_span(tensors) -> "torch.Tensor | None":
     return first.as_strided((offset - first.storage_offset(),), (1,), first.storage_offset())
 
 
-def step_without_flat_grad_copy(optimizer) -> None:
-    """DeepSpeed's step hands each sub-group's gradients to the torch optimizer as
-    flatten(averaged_gradients).to(fp32) (_prepare_fp32_grad_for_sub_group): a copy of the
-    whole gradient partition, although the slots it flattens already lie side by side in
-    grad_partitions_flat_buffer. That copy is 4 bytes per parameter on top of the step's peak.
-    Here the sub-group's span of the flat buffer is used as it is (cast only where the dtypes
-    differ); anything else (slots not side by side, a frozen parameter's zeros) goes through
-    DeepSpeed's own code. The torch optimizer reads the gradient and DeepSpeed's clipping
-    scales it in place, which the flat buffer can take: the next first micro-batch overwrites
-    every slot it holds data for (the takeover's gradient hook copies)."""
-    original = optimizer._prepare_fp32_grad_for_sub_group
+def step_without_copies(optimizer) -> None:
+    """DeepSpeed's optimizer step holds more than it reads:
+      - it hands each sub-group's gradients to the torch optimizer as
+        flatten(averaged_gradients).to(fp32) (_prepare_fp32_grad_for_sub_group): a copy of
+        the whole gradient partition, although the slots it flattens lie side by side in
+        grad_partitions_flat_buffer. Here the sub-group's span of that buffer is used as it
+        is (cast only where the dtypes differ: "bf16"); anything else (slots not side by side,
+        a frozen parameter's zeros) goes through DeepSpeed's own code. The torch optimizer
+        reads the gradient and the clipping scales it in place, which the buffer can take:
+        the next first micro-batch overwrites every slot it holds data for;
+      - under "bf16" the 16-bit parameter partitions (lp_param_buffer) and the 16-bit gradient
+        buffer stay allocated through the fp32 update, which reads neither: the parameter
+        partitions are rewritten from the fp32 master after it (fp16 <- fp32), the gradients
+        were cast to fp32 before it. Here both are freed once every sub-group's gradient is in
+        fp32, and the parameter partitions come back (rewritten from the fp32 master, as
+        DeepSpeed would) after the last sub-group's update.
+    So the step's peak is the fp32 master, the optimizer states, the fp32 gradients and the
+    optimizer's own temporaries: what our own runtime's step holds."""
+    prepare_original = optimizer._prepare_fp32_grad_for_sub_group
+    reassign_original = optimizer._reassign_or_swap_out_partitioned_parameters
+    last = len(optimizer.fp16_groups) - 1
+    lp = getattr(optimizer, "lp_param_buffer", None)
+    # Under torch_autocast the parameter partitions are the fp32 master (aliases): nothing to free.
+    lp_derived = lp is not None and lp.dtype != optimizer.fp32_partitioned_groups_flat[0].dtype
 
     def prepare(sub_group_id):
+        if sub_group_id == 0 and lp_derived:
+            _release(lp)
         hp = optimizer.fp32_partitioned_groups_flat[sub_group_id]
         span = _one_span(optimizer.averaged_gradients[sub_group_id])
         if span is None or span.numel() != hp.numel() or span.device != hp.device:
-            return original(sub_group_id)
-        hp.grad = span.to(hp.dtype)
-        optimizer.averaged_gradients[sub_group_id] = None
+            prepare_original(sub_group_id)
+        else:
+            hp.grad = span.to(hp.dtype)
+            optimizer.averaged_gradients[sub_group_id] = None
+        if sub_group_id == last and optimizer.grad_partitions_flat_buffer.dtype != hp.dtype:
+            release_grad_partitions(optimizer)  # every sub-group's gradient is in fp32 now
+
+    def reassign(sub_group_id):
+        if not lp_derived:
+            return reassign_original(sub_group_id)
+        if sub_group_id != last:
+            return None  # the partitions are freed: rewritten after the last update
+        _restore(lp, zero=False)
+        for i in range(last + 1):
+            reassign_original(i)  # fp16 <- fp32 and the parameters re-pointed, as DeepSpeed does
+        return None
 
     optimizer._prepare_fp32_grad_for_sub_group = prepare
+    optimizer._reassign_or_swap_out_partitioned_parameters = reassign
+
+
+def _release(buffer) -> int:
+    storage = buffer.untyped_storage()
+    freed = storage.nbytes()
+    if freed:
+        storage.resize_(0)
+    return freed
+
+
+def _restore(buffer, *, zero: bool) -> None:
+    storage = buffer.untyped_storage()
+    needed = (buffer.storage_offset() + buffer.numel()) * buffer.element_size()
+    if storage.nbytes() < needed:
+        storage.resize_(needed)
+        if zero:
+            buffer.zero_()
 
 
 def release_grad_partitions(optimizer) -> int:
@@ -173,24 +219,14 @@ def release_grad_partitions(optimizer) -> int:
     whole run), keeping the tensor and every slot view of it: between an optimizer step and the
     next backward no one reads it. restore_grad_partitions gives it back, zeroed. Returns the
     bytes freed (0 when already freed)."""
-    buffer = optimizer.grad_partitions_flat_buffer
-    storage = buffer.untyped_storage()
-    freed = storage.nbytes()
-    if freed:
-        storage.resize_(0)
-    return freed
+    return _release(optimizer.grad_partitions_flat_buffer)
 
 
 def restore_grad_partitions(optimizer) -> None:
     """The flat gradient buffer back at its size, zeroed (DeepSpeed's state at initialize: a
     slot the backward does not write, a parameter without a gradient, stays zero), if
     release_grad_partitions freed it."""
-    buffer = optimizer.grad_partitions_flat_buffer
-    storage = buffer.untyped_storage()
-    needed = (buffer.storage_offset() + buffer.numel()) * buffer.element_size()
-    if storage.nbytes() < needed:
-        storage.resize_(needed)
-        buffer.zero_()
+    _restore(optimizer.grad_partitions_flat_buffer, zero=True)
 
 
 def grad_partition(optimizer, param) -> torch.Tensor:

@@ -149,10 +149,10 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
 def _hold_gradients_only_in_the_step(optimizer) -> None:
     """DeepSpeed holds its flat gradient buffer for the whole run and copies it once more in
     the optimizer step (flatten). Here the buffer exists from the first gradient a backward
-    writes until the optimizer step that reads it, and the step reads it in place
-    (_ds_internals.step_without_flat_grad_copy): what our own runtime holds. Anything else that
+    writes until the optimizer step that reads it, and the step holds no copy it does not
+    read (_ds_internals.step_without_copies): what our own runtime holds. Anything else that
     reads the buffer (offload_states) gets it back first."""
-    ds.step_without_flat_grad_copy(optimizer)
+    ds.step_without_copies(optimizer)
     step, offload_states = optimizer.step, getattr(optimizer, "offload_states", None)
 
     def step_then_release(*args, **kwargs):

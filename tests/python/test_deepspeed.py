@@ -87,12 +87,21 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
     assert all(b.buffer is None or b.buffer.numel() == 0
                for b in ours.optimizer.ipg_buckets.values())
     initial = full_fp32_params(ours)
+    in_update = _watch_the_update(ours.optimizer)
     zero3.CommStats.reset()
     with capture_partitions() as graphs:
         losses = _train(ours, rank, micro_steps, norms)
     assert zero3.CommStats.allgather_calls > 0 and zero3.CommStats.reduce_scatter_bytes > 0
     assert_deepspeed_never_gathered(ours)
     _assert_holds_what_our_runtime_holds(stock, ours, precision)
+    # In the fp32 update: the gradient is the flat buffer itself (autocast) or its fp32 cast,
+    # with the 16-bit parameter and gradient buffers freed (bf16); never a flattened copy.
+    assert len(in_update) == STEPS, in_update
+    for grad_is_the_buffer, lp_bytes, grad_buffer_bytes in in_update:
+        if precision == "autocast":
+            assert grad_is_the_buffer and grad_buffer_bytes > 0
+        else:
+            assert not grad_is_the_buffer and lp_bytes == 0 and grad_buffer_bytes == 0
     full = full_fp32_params(ours)
 
     # Measured here: losses within 2.2e-4, fp32 master weights within 6.5e-4 after 5 steps
@@ -119,6 +128,24 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
     if precision == "autocast":  # fp32 shards used in bf16 are gathered in bf16
         gathers = [c for c in reports[0].collectives if f":{OP_NAMESPACE}::allgather_cast" in c]
         assert any(":bfloat16:" in c for c in gathers), gathers
+
+
+def _watch_the_update(ds_optimizer):
+    """Records, at each call of the torch optimizer's step inside DeepSpeed's: whether the fp32
+    gradient shares the flat gradient buffer's storage, and the bytes the 16-bit parameter
+    buffer and the gradient buffer hold."""
+    seen, inner = [], ds_optimizer.optimizer
+    step = inner.step
+
+    def watched(*args, **kwargs):
+        grad = ds_optimizer.fp32_partitioned_groups_flat[0].grad
+        buffer = ds_optimizer.grad_partitions_flat_buffer.untyped_storage()
+        seen.append((grad.untyped_storage().data_ptr() == buffer.data_ptr(),
+                     ds_optimizer.lp_param_buffer.untyped_storage().nbytes(), buffer.nbytes()))
+        return step(*args, **kwargs)
+
+    inner.step = watched
+    return seen
 
 
 def _assert_holds_what_our_runtime_holds(stock, ours, precision):
