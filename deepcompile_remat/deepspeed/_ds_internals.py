@@ -144,7 +144,7 @@ def _one_span(tensors) -> "torch.Tensor | None":
     return first.as_strided((offset - first.storage_offset(),), (1,), first.storage_offset())
 
 
-def step_without_copies(optimizer) -> None:
+def step_without_copies(optimizer):
     """DeepSpeed's optimizer step holds more than it reads:
       - it hands each sub-group's gradients to the torch optimizer as
         flatten(averaged_gradients).to(fp32) (_prepare_fp32_grad_for_sub_group): a copy of
@@ -161,7 +161,10 @@ def step_without_copies(optimizer) -> None:
         fp32, and the parameter partitions come back (rewritten from the fp32 master, as
         DeepSpeed would) after the last sub-group's update.
     So the step's peak is the fp32 master, the optimizer states, the fp32 gradients and the
-    optimizer's own temporaries: what our own runtime's step holds."""
+    optimizer's own temporaries: what our own runtime's step holds. Returns a function to call
+    when the step has ended, however it ended: it brings the parameter partitions back
+    (rewritten from the fp32 master) if a step that raised left them freed, since the next
+    forward reads them."""
     prepare_original = optimizer._prepare_fp32_grad_for_sub_group
     reassign_original = optimizer._reassign_or_swap_out_partitioned_parameters
     last = len(optimizer.fp16_groups) - 1
@@ -182,18 +185,22 @@ def step_without_copies(optimizer) -> None:
         if sub_group_id == last and optimizer.grad_partitions_flat_buffer.dtype != hp.dtype:
             release_grad_partitions(optimizer)  # every sub-group's gradient is in fp32 now
 
+    def bring_back_parameter_partitions() -> None:
+        if lp_derived and lp.untyped_storage().nbytes() == 0:
+            _restore(lp, zero=False)
+            for i in range(last + 1):
+                reassign_original(i)  # fp16 <- fp32 and the parameters re-pointed, as DeepSpeed
+
     def reassign(sub_group_id):
         if not lp_derived:
             return reassign_original(sub_group_id)
-        if sub_group_id != last:
-            return None  # the partitions are freed: rewritten after the last update
-        _restore(lp, zero=False)
-        for i in range(last + 1):
-            reassign_original(i)  # fp16 <- fp32 and the parameters re-pointed, as DeepSpeed does
+        if sub_group_id == last:  # until then freed: rewritten after the last update
+            bring_back_parameter_partitions()
         return None
 
     optimizer._prepare_fp32_grad_for_sub_group = prepare
     optimizer._reassign_or_swap_out_partitioned_parameters = reassign
+    return bring_back_parameter_partitions
 
 
 def _release(buffer) -> int:
@@ -213,27 +220,51 @@ def _restore(buffer, *, zero: bool) -> None:
             buffer.zero_()
 
 
+_GRAD_MAP = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
+
+
+def _point_grad_partitions_at(optimizer, buffer: torch.Tensor) -> None:
+    """grad_partitions_flat_buffer := buffer, and every parameter's slot a view of it, laid
+    out as DeepSpeed lays them (stage3.__init__: the parameters of fp16_groups in order)."""
+    optimizer.grad_partitions_flat_buffer = buffer
+    slots, offset = getattr(optimizer, _GRAD_MAP), 0
+    for group in optimizer.fp16_groups:
+        for p in group:
+            slots[p.ds_id] = buffer.narrow(0, offset, p.partition_numel())
+            offset += p.partition_numel()
+
+
 def release_grad_partitions(optimizer) -> int:
-    """Free the storage of DeepSpeed's flat gradient buffer (grad_partitions_flat_buffer, 4
-    bytes per parameter under torch_autocast, preallocated at initialize and held for the
-    whole run), keeping the tensor and every slot view of it: between an optimizer step and the
-    next backward no one reads it. restore_grad_partitions gives it back, zeroed. Returns the
+    """Free DeepSpeed's flat gradient buffer (grad_partitions_flat_buffer, 4 bytes per
+    parameter under torch_autocast, preallocated at initialize and held for the whole run):
+    between an optimizer step and the next backward no one reads it. The buffer and every
+    slot become meta tensors of the same shapes, so a read in between (deepspeed.utils.
+    safe_get_full_grad after the step) fails with torch's error about the meta device rather
+    than reading freed memory. restore_grad_partitions gives it back, zeroed. Returns the
     bytes freed (0 when already freed)."""
-    return _release(optimizer.grad_partitions_flat_buffer)
+    buffer = optimizer.grad_partitions_flat_buffer
+    if buffer.device.type == "meta":
+        return 0
+    freed = buffer.untyped_storage().nbytes()
+    _point_grad_partitions_at(optimizer, torch.empty_like(buffer, device="meta"))
+    return freed
 
 
 def restore_grad_partitions(optimizer) -> None:
-    """The flat gradient buffer back at its size, zeroed (DeepSpeed's state at initialize: a
-    slot the backward does not write, a parameter without a gradient, stays zero), if
+    """The flat gradient buffer back, zeroed (DeepSpeed's state at initialize: a slot the
+    backward does not write, a parameter without a gradient, stays zero), if
     release_grad_partitions freed it."""
-    _restore(optimizer.grad_partitions_flat_buffer, zero=True)
+    buffer = optimizer.grad_partitions_flat_buffer
+    if buffer.device.type == "meta":
+        device = optimizer.fp32_partitioned_groups_flat[0].device
+        _point_grad_partitions_at(optimizer, torch.zeros_like(buffer, device=device))
 
 
 def grad_partition(optimizer, param) -> torch.Tensor:
     """This rank's slot of `param`'s gradient in the optimizer's flat gradient buffer: what
     DeepSpeed's optimizer step, clipping, overflow check and checkpoints read. Looked up on every
-    use (offload_states/reload_states rebuild the map)."""
-    return optimizer._DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition[param.ds_id]
+    use (offload_states/reload_states and restore_grad_partitions rebuild the map)."""
+    return getattr(optimizer, _GRAD_MAP)[param.ds_id]
 
 
 def micro_step_id(optimizer) -> int:

@@ -152,7 +152,7 @@ def _hold_gradients_only_in_the_step(optimizer) -> None:
     writes until the optimizer step that reads it, and the step holds no copy it does not
     read (_ds_internals.step_without_copies): what our own runtime holds. Anything else that
     reads the buffer (offload_states) gets it back first."""
-    ds.step_without_copies(optimizer)
+    step_ended = ds.step_without_copies(optimizer)
     step, offload_states = optimizer.step, getattr(optimizer, "offload_states", None)
 
     def step_then_release(*args, **kwargs):
@@ -160,6 +160,7 @@ def _hold_gradients_only_in_the_step(optimizer) -> None:
         try:
             return step(*args, **kwargs)
         finally:
+            step_ended()
             ds.release_grad_partitions(optimizer)
 
     optimizer.step = step_then_release

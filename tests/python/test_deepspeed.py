@@ -139,9 +139,11 @@ def _watch_the_update(ds_optimizer):
 
     def watched(*args, **kwargs):
         grad = ds_optimizer.fp32_partitioned_groups_flat[0].grad
-        buffer = ds_optimizer.grad_partitions_flat_buffer.untyped_storage()
-        seen.append((grad.untyped_storage().data_ptr() == buffer.data_ptr(),
-                     ds_optimizer.lp_param_buffer.untyped_storage().nbytes(), buffer.nbytes()))
+        buffer = ds_optimizer.grad_partitions_flat_buffer  # a meta tensor once freed
+        storage = buffer.untyped_storage()
+        seen.append((grad.untyped_storage().data_ptr() == storage.data_ptr(),
+                     ds_optimizer.lp_param_buffer.untyped_storage().nbytes(),
+                     0 if buffer.device.type == "meta" else storage.nbytes()))
         return step(*args, **kwargs)
 
     inner.step = watched
