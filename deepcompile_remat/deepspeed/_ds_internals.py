@@ -28,6 +28,8 @@ import logging
 
 import torch
 
+from deepcompile_remat.deepspeed.chunked_step import step_in_chunks
+
 DEEPSPEED_VERSION_READ = "0.19.8"
 log = logging.getLogger(__name__)
 
@@ -160,6 +162,10 @@ def step_without_copies(optimizer):
         were cast to fp32 before it. Here both are freed once every sub-group's gradient is in
         fp32, and the parameter partitions come back (rewritten from the fp32 master, as
         DeepSpeed would) after the last sub-group's update.
+      - the torch optimizer steps each sub-group's flat fp32 tensor whole, so an elementwise
+        optimizer's temporaries (AdamW on CPU: 8 bytes per parameter) are the size of the
+        rank's whole shard. Here it steps chunk views of it, each at most the largest
+        parameter's partition (chunked_step.py; the same values).
     So the step's peak is the fp32 master, the optimizer states, the fp32 gradients and the
     optimizer's own temporaries: what our own runtime's step holds. Returns a function to call
     when the step has ended, however it ended: it brings the parameter partitions back
@@ -198,8 +204,23 @@ def step_without_copies(optimizer):
             bring_back_parameter_partitions()
         return None
 
+    step_original = optimizer._optimizer_step
+    # The granularity of our own runtime's step, one parameter's shard at a time: never more
+    # chunks than parameters.
+    chunk = max([1] + [p.ds_tensor.numel() for g in optimizer.fp16_groups for p in g])
+
+    def optimizer_step(sub_group_id):
+        if (optimizer.offload_optimizer or getattr(optimizer, "torch_autocast_gradscaler", None)
+                or getattr(optimizer, "zenflow", False) or getattr(optimizer, "use_muon", False)
+                or not step_in_chunks(optimizer.optimizer,
+                                      optimizer.sub_group_to_group_id[sub_group_id],
+                                      optimizer.fp32_partitioned_groups_flat[sub_group_id],
+                                      chunk)):
+            step_original(sub_group_id)
+
     optimizer._prepare_fp32_grad_for_sub_group = prepare
     optimizer._reassign_or_swap_out_partitioned_parameters = reassign
+    optimizer._optimizer_step = optimizer_step
     return bring_back_parameter_partitions
 
 

@@ -97,7 +97,10 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
     # In the fp32 update: the gradient is the flat buffer itself (autocast) or its fp32 cast,
     # with the 16-bit parameter and gradient buffers freed (bf16); never a flattened copy.
     assert len(in_update) == STEPS, in_update
-    for grad_is_the_buffer, lp_bytes, grad_buffer_bytes in in_update:
+    # ... and stepped in chunks (chunked_step.py), so the optimizer's temporaries are too (but
+    # the first step, which creates SGD's momentum for the whole tensor).
+    assert all(chunks > 1 for *_, chunks in in_update[1:]), in_update
+    for grad_is_the_buffer, lp_bytes, grad_buffer_bytes, _ in in_update:
         if precision == "autocast":
             assert grad_is_the_buffer and grad_buffer_bytes > 0
         else:
@@ -132,8 +135,8 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
 
 def _watch_the_update(ds_optimizer):
     """Records, at each call of the torch optimizer's step inside DeepSpeed's: whether the fp32
-    gradient shares the flat gradient buffer's storage, and the bytes the 16-bit parameter
-    buffer and the gradient buffer hold."""
+    gradient shares the flat gradient buffer's storage, the bytes the 16-bit parameter
+    buffer and the gradient buffer hold, and how many tensors the step updates."""
     seen, inner = [], ds_optimizer.optimizer
     step = inner.step
 
@@ -143,7 +146,8 @@ def _watch_the_update(ds_optimizer):
         storage = buffer.untyped_storage()
         seen.append((grad.untyped_storage().data_ptr() == storage.data_ptr(),
                      ds_optimizer.lp_param_buffer.untyped_storage().nbytes(),
-                     0 if buffer.device.type == "meta" else storage.nbytes()))
+                     0 if buffer.device.type == "meta" else storage.nbytes(),
+                     len(inner.param_groups[0]["params"])))
         return step(*args, **kwargs)
 
     inner.step = watched
@@ -736,3 +740,47 @@ def test_bench_deepspeed_smoke(capsys):
     by = {(r["setup"], r["rank"]): r for r in rows}
     for rank in (0, 1):  # same model, data and config: the same first losses
         assert abs(by["ours", rank]["loss"] - by["stock", rank]["loss"]) < 1e-2
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.AdamW([p], lr=1e-2, weight_decay=0.1),
+    lambda p: torch.optim.Adam([p], lr=1e-2, amsgrad=True),
+    lambda p: torch.optim.SGD([p], lr=0.1, momentum=0.9, nesterov=True)],
+    ids=["adamw", "adam-amsgrad", "sgd-nesterov"])
+def test_a_step_in_chunks_changes_no_value(make):
+    """Silent bug guarded: a chunked step (the takeover's, on DeepSpeed's flat partition) that
+    advances the step count once per chunk (wrong bias correction) or leaves a chunk's state
+    behind: weights and every state tensor bit-equal to the whole step's, over several steps."""
+    from deepcompile_remat.deepspeed.chunked_step import step_in_chunks
+
+    torch.manual_seed(0)
+    whole = torch.randn(1000, requires_grad=True)
+    chunked = whole.detach().clone().requires_grad_()
+    opt_whole, opt_chunked = make(whole), make(chunked)
+    used = []
+    for _ in range(4):
+        g = torch.randn(1000)
+        whole.grad, chunked.grad = g.clone(), g.clone()
+        opt_whole.step()
+        used.append(step_in_chunks(opt_chunked, 0, chunked, 300))
+        if not used[-1]:
+            opt_chunked.step()
+    assert used == [False, True, True, True]  # the first step creates the state, whole
+    assert torch.equal(whole, chunked)
+    assert list(opt_chunked.state) == [chunked]
+    for key, want in opt_whole.state[whole].items():
+        assert torch.equal(torch.as_tensor(opt_chunked.state[chunked][key]),
+                           torch.as_tensor(want)), key
+
+
+def test_a_step_in_chunks_declines_what_it_cannot_slice():
+    from deepcompile_remat.deepspeed.chunked_step import step_in_chunks
+
+    p = torch.zeros(10, requires_grad=True)
+    p.grad = torch.ones(10)
+    rprop = torch.optim.Rprop([p])
+    rprop.step()
+    assert not step_in_chunks(rprop, 0, p, 3)  # not known to be elementwise
+    sgd = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+    sgd.step()
+    assert not step_in_chunks(sgd, 0, p, 10)  # one chunk
