@@ -2,8 +2,9 @@
 
 The matrix {eager, inductor} x {autocast, bf16} x {unbucketed, baseline, regather, ours} on a
 built-in GPT (or a transformers model), sharded by ZeRO-3 over N local ranks (gloo on CPU, NCCL
-on GPU) or an emulated world (torch's fake process group); and `deepcompile-remat compare`, ours
-against FSDP2 and DeepSpeed. Modules, one job each (the model, the memory meter and the rank
+on GPU) or an emulated world (torch's fake process group); `deepcompile-remat compare`, ours
+against FSDP2 and DeepSpeed; and `deepcompile-remat frontier`, peak against step time over
+settings of each. Modules, one job each (the model, the memory meter and the rank
 spawner are the harness's: benchmarks/dcr_bench/harness):
 
   setups      the cells and the RematConfig of each setup (ours@B: --budgets, budget mode)
@@ -15,4 +16,6 @@ spawner are the harness's: benchmarks/dcr_bench/harness):
   command     the `profile` subcommand
   peers       the systems `compare` runs
   compare     the `compare` subcommand
+  frontier    the `frontier` subcommand: compare's points over settings, the Pareto front and
+              the physical floor
 """
