@@ -39,6 +39,7 @@ class HeldBytes:
 
     @property
     def total(self) -> int:
+        """Every owner's bytes together."""
         return sum(self.by_owner.values())
 
     def per_parameter(self, numel: int) -> dict:
