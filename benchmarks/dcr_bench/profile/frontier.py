@@ -221,7 +221,7 @@ def plot(rows: list, floor: dict, path: str, title: str):
                    facecolors="#d46a6a" if ours else "none", edgecolors="#333333")
         ax.annotate(r["label"], (r["step_s"], r["peak"] / mb), fontsize=7,
                     xytext=(4, 3), textcoords="offset points")
-    front = [r for r in rows if r.get("on_front")]
+    front = sorted((r for r in rows if r.get("on_front")), key=lambda r: r["step_s"])
     ax.plot([r["step_s"] for r in front], [r["peak"] / mb for r in front], color="#d46a6a",
             lw=1, label="Pareto front")
     ax.axhline(floor["floor_bytes"] / mb, color="#555555", ls="--", lw=1,
