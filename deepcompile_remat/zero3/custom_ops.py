@@ -119,17 +119,25 @@ def collectives_in_flight() -> int:
     return len(_in_flight) + len(_scatters_in_flight)
 
 
-def release_in_flight(wait: bool = True) -> int:
+EXIT_WAIT_S = 30.0  # how long, at interpreter exit, each collective still in flight is waited for
+
+
+def release_in_flight(wait: bool = True, timeout_s: Optional[float] = None) -> int:
     """Drops every gather and reduce-scatter still in flight, so that no collective or work
     object of ours outlives the step that started it; returns how many there were. A step that
     raised between a start and its wait leaves one behind, holding the communicator's context:
-    call this before dist.destroy_process_group(). wait=True first waits for each (every rank
-    must have started the same collectives, else this blocks until the group's timeout; a wait
-    that fails because the group is gone still drops the work). At interpreter exit it runs
-    with wait=False (atexit, while the interpreter is whole): a crashed step never becomes a
-    hang at exit, and no work of ours is destroyed during finalization. A dropped
-    reduce-scatter's gradient is never averaged: only a step that raised leaves one, and its
-    gradients are not to be used."""
+    call this before dist.destroy_process_group(). wait=True first waits for each (timeout_s:
+    at most that long each; None: the group's own timeout; every rank must have started the
+    same collectives, else this blocks until then; a wait that fails or times out still drops
+    the work). At interpreter exit it runs through atexit, while the interpreter is whole,
+    waiting at most EXIT_WAIT_S per work: a gloo work left queued finishes on gloo's worker
+    thread, whose release of its tensors needs the GIL, and during finalization that thread is
+    killed inside a C++ destructor (std::terminate: "terminate called without an active
+    exception", SIGABRT; docs/DESIGN.md, "Exit"). The bound keeps a crashed peer from turning
+    into a hang at exit. A dropped reduce-scatter's gradient is never averaged: only a step
+    that raised leaves one, and its gradients are not to be used."""
+    import datetime
+
     works = list(_in_flight.values()) + [work for work, _, _ in _scatters_in_flight.values()]
     _in_flight.clear()
     _scatters_in_flight.clear()
@@ -137,13 +145,20 @@ def release_in_flight(wait: bool = True) -> int:
         for work in works:
             if work is not None:
                 try:
-                    work.wait()
-                except RuntimeError:  # the group was destroyed or aborted under it
+                    if timeout_s is None:
+                        work.wait()
+                    else:
+                        work.wait(datetime.timedelta(seconds=timeout_s))
+                except RuntimeError:  # the group was destroyed or aborted under it, or timeout
                     pass
     return len(works)
 
 
-atexit.register(release_in_flight, wait=False)
+def _release_at_exit() -> None:
+    release_in_flight(wait=True, timeout_s=EXIT_WAIT_S)
+
+
+atexit.register(_release_at_exit)
 
 
 def _key(full: torch.Tensor) -> int:

@@ -22,6 +22,12 @@ def _entry(rank, world, port, fn, args, backend="gloo"):
                             world_size=world)
     try:
         fn(rank, world, *args)
+        if dist.is_initialized():
+            # Drain every collective still queued on the group (gloo's barrier waits for all
+            # prior work): DeepSpeed's prefetching gathers are never waited when no forward
+            # follows, and a gloo work that finishes during interpreter finalization aborts the
+            # process (docs/DESIGN.md, "Exit").
+            dist.barrier()
     finally:
         # No work of ours outlives the group; no wait: a rank that failed mid-step must not hang.
         release_in_flight(wait=False)
