@@ -193,7 +193,7 @@ def step_without_copies(optimizer):
 
     def bring_back_parameter_partitions() -> None:
         if lp_derived and lp.untyped_storage().nbytes() == 0:
-            _restore(lp, zero=False)
+            _restore(lp)
             for i in range(last + 1):
                 reassign_original(i)  # fp16 <- fp32 and the parameters re-pointed, as DeepSpeed
 
@@ -224,21 +224,15 @@ def step_without_copies(optimizer):
     return bring_back_parameter_partitions
 
 
-def _release(buffer) -> int:
-    storage = buffer.untyped_storage()
-    freed = storage.nbytes()
-    if freed:
-        storage.resize_(0)
-    return freed
+def _release(buffer) -> None:
+    """Frees `buffer`'s storage, keeping the tensor and its views (read only inside the step)."""
+    buffer.untyped_storage().resize_(0)
 
 
-def _restore(buffer, *, zero: bool) -> None:
-    storage = buffer.untyped_storage()
-    needed = (buffer.storage_offset() + buffer.numel()) * buffer.element_size()
-    if storage.nbytes() < needed:
-        storage.resize_(needed)
-        if zero:
-            buffer.zero_()
+def _restore(buffer) -> None:
+    """`buffer`'s storage back at its size, contents undefined (the caller rewrites them)."""
+    buffer.untyped_storage().resize_(
+        (buffer.storage_offset() + buffer.numel()) * buffer.element_size())
 
 
 _GRAD_MAP = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"

@@ -42,11 +42,6 @@ class HeldBytes:
         """Every owner's bytes together."""
         return sum(self.by_owner.values())
 
-    def per_parameter(self, numel: int) -> dict:
-        """Bytes per parameter of the model (numel: its parameter count) per owner, for the
-        "N bytes per parameter" reading."""
-        return {k: v / numel for k, v in self.by_owner.items()}
-
     def table(self, numel: int = 0) -> str:
         """One line per owner: MiB, and bytes per model parameter when numel is given."""
         lines = []

@@ -154,11 +154,7 @@ def release_in_flight(wait: bool = True, timeout_s: Optional[float] = None) -> i
     return len(works)
 
 
-def _release_at_exit() -> None:
-    release_in_flight(wait=True, timeout_s=EXIT_WAIT_S)
-
-
-atexit.register(_release_at_exit)
+atexit.register(release_in_flight, wait=True, timeout_s=EXIT_WAIT_S)
 
 
 def _key(full: torch.Tensor) -> int:
