@@ -28,7 +28,7 @@ import logging
 
 import torch
 
-from deepcompile_remat.deepspeed.chunked_step import step_in_chunks
+from deepcompile_remat.deepspeed.chunked_step import ELEMENTWISE, step_in_chunks, step_in_segments
 
 DEEPSPEED_VERSION_READ = "0.19.8"
 log = logging.getLogger(__name__)
@@ -146,16 +146,35 @@ def _one_span(tensors) -> "torch.Tensor | None":
     return first.as_strided((offset - first.storage_offset(),), (1,), first.storage_offset())
 
 
-def step_without_copies(optimizer):
+def reads_gradients_per_parameter(optimizer) -> bool:
+    """Whether DeepSpeed's optimizer step can read each parameter's gradient partition as a
+    tensor of its own (the one the backward produced) instead of a slot of the flat gradient
+    buffer: everything it reads in the step either takes a list of tensors (the norm for
+    clipping: averaged_gradients) or is replaced by step_without_copies (the fp32 gradient,
+    the clipping's scaling, the torch optimizer's step). Not where something reads the flat
+    buffer itself or the sub-group's flat fp32 gradient: fp16 (its overflow check), optimizer
+    offload, DeepSpeed's torch_autocast grad scaler, ZenFlow, Muon, a torch optimizer not known
+    to be elementwise."""
+    return (optimizer.dtype != torch.float16 and not optimizer.offload_optimizer
+            and not getattr(optimizer, "torch_autocast_gradscaler", None)
+            and not getattr(optimizer, "zenflow", False)
+            and not getattr(optimizer, "use_muon", False)
+            and type(optimizer.optimizer) in ELEMENTWISE)
+
+
+def step_without_copies(optimizer, per_parameter: bool):
     """DeepSpeed's optimizer step holds more than it reads:
       - it hands each sub-group's gradients to the torch optimizer as
         flatten(averaged_gradients).to(fp32) (_prepare_fp32_grad_for_sub_group): a copy of
-        the whole gradient partition, although the slots it flattens lie side by side in
-        grad_partitions_flat_buffer. Here the sub-group's span of that buffer is used as it
-        is (cast only where the dtypes differ: "bf16"); anything else (slots not side by side,
-        a frozen parameter's zeros) goes through DeepSpeed's own code. The torch optimizer
-        reads the gradient and the clipping scales it in place, which the buffer can take:
-        the next first micro-batch overwrites every slot it holds data for;
+        the whole gradient partition. With `per_parameter` (reads_gradients_per_parameter)
+        the gradients are each parameter's own tensor, never gathered into a flat one: each
+        parameter's slice of the flat fp32 partition is stepped with its gradient (cast to
+        fp32 one at a time under "bf16", the 16-bit one freed as it goes), and the clipping
+        scales each. Otherwise they are slots of grad_partitions_flat_buffer, and the
+        sub-group's span of that buffer is used as it is (cast only where the dtypes differ);
+        anything else (slots not side by side, a frozen parameter's zeros) goes through
+        DeepSpeed's own code. The torch optimizer reads the gradient and the clipping scales
+        it in place, which the gradient can take: the next first micro-batch replaces it;
       - under "bf16" the 16-bit parameter partitions (lp_param_buffer) and the 16-bit gradient
         buffer stay allocated through the fp32 update, which reads neither: the parameter
         partitions are rewritten from the fp32 master after it (fp16 <- fp32), the gradients
@@ -164,32 +183,70 @@ def step_without_copies(optimizer):
         DeepSpeed would) after the last sub-group's update.
       - the torch optimizer steps each sub-group's flat fp32 tensor whole, so an elementwise
         optimizer's temporaries (AdamW on CPU: 8 bytes per parameter) are the size of the
-        rank's whole shard. Here it steps chunk views of it, each at most the largest
-        parameter's partition (chunked_step.py; the same values).
+        rank's whole shard. Here it steps views of it, each at most the largest parameter's
+        partition (chunked_step.py; the same values).
     So the step's peak is the fp32 master, the optimizer states, the fp32 gradients and the
-    optimizer's own temporaries: what our own runtime's step holds. Returns a function to call
-    when the step has ended, however it ended: it brings the parameter partitions back
-    (rewritten from the fp32 master) if a step that raised left them freed, since the next
-    forward reads them."""
+    optimizer's own temporaries: what our own runtime's step holds. The first step (the torch
+    optimizer creates its state for the flat tensor) steps it whole, as DeepSpeed does. Returns
+    a function to call when the step has ended, however it ended: it brings the parameter
+    partitions back (rewritten from the fp32 master) if a step that raised left them freed,
+    since the next forward reads them."""
     prepare_original = optimizer._prepare_fp32_grad_for_sub_group
     reassign_original = optimizer._reassign_or_swap_out_partitioned_parameters
+    unscale_original = optimizer.unscale_and_clip_grads
+    step_original = optimizer._optimizer_step
     last = len(optimizer.fp16_groups) - 1
     lp = getattr(optimizer, "lp_param_buffer", None)
     # Under torch_autocast the parameter partitions are the fp32 master (aliases): nothing to free.
     lp_derived = lp is not None and lp.dtype != optimizer.fp32_partitioned_groups_flat[0].dtype
+    segments_of: dict = {}  # sub-group -> [(start, fp32 gradient)], per_parameter only
+
+    def take_per_parameter(sub_group_id, hp) -> bool:
+        grads = optimizer.averaged_gradients[sub_group_id]
+        if (sum(g.numel() for g in grads) != hp.numel()
+                or any(g.device != hp.device for g in grads)):
+            return False
+        segments, start = [], 0
+        for j, p in enumerate(optimizer.fp16_groups[sub_group_id]):
+            grad, grads[j] = grads[j], None
+            set_grad_partition(optimizer, p, torch.empty_like(grad, device="meta"))
+            segments.append((start, grad.to(hp.dtype)))  # a cast (and a free) under "bf16"
+            start += grad.numel()
+            del grad
+        segments_of[sub_group_id] = segments
+        optimizer.averaged_gradients[sub_group_id] = None
+        hp.grad = None
+        return True
 
     def prepare(sub_group_id):
         if sub_group_id == 0 and lp_derived:
             _release(lp)
         hp = optimizer.fp32_partitioned_groups_flat[sub_group_id]
-        span = _one_span(optimizer.averaged_gradients[sub_group_id])
-        if span is None or span.numel() != hp.numel() or span.device != hp.device:
-            prepare_original(sub_group_id)
+        if per_parameter and take_per_parameter(sub_group_id, hp):
+            pass
         else:
-            hp.grad = span.to(hp.dtype)
-            optimizer.averaged_gradients[sub_group_id] = None
+            span = _one_span(optimizer.averaged_gradients[sub_group_id])
+            if span is None or span.numel() != hp.numel() or span.device != hp.device:
+                prepare_original(sub_group_id)
+            else:
+                hp.grad = span.to(hp.dtype)
+                optimizer.averaged_gradients[sub_group_id] = None
         if sub_group_id == last and optimizer.grad_partitions_flat_buffer.dtype != hp.dtype:
             release_grad_partitions(optimizer)  # every sub-group's gradient is in fp32 now
+
+    def unscale_and_clip_grads(sub_group_id, total_norm):
+        segments = segments_of.get(sub_group_id)
+        if segments is None:
+            return unscale_original(sub_group_id, total_norm)
+        # stage3.unscale_and_clip_grads's factor (loss scale, and the clipping when the norm
+        # exceeds it), applied to each parameter's gradient instead of the flat one.
+        combined_scale = optimizer.loss_scale
+        if optimizer.clip_grad > 0.:
+            clip = ((total_norm / optimizer.loss_scale) + 1e-6) / optimizer.clip_grad
+            combined_scale = torch.clamp(clip, min=1.0) * optimizer.loss_scale
+        for _, grad in segments:
+            grad.mul_(1. / combined_scale)
+        return None
 
     def bring_back_parameter_partitions() -> None:
         if lp_derived and lp.untyped_storage().nbytes() == 0:
@@ -204,21 +261,27 @@ def step_without_copies(optimizer):
             bring_back_parameter_partitions()
         return None
 
-    step_original = optimizer._optimizer_step
     # The granularity of our own runtime's step, one parameter's shard at a time: never more
     # chunks than parameters.
     chunk = max([1] + [p.ds_tensor.numel() for g in optimizer.fp16_groups for p in g])
 
     def optimizer_step(sub_group_id):
-        if (optimizer.offload_optimizer or getattr(optimizer, "torch_autocast_gradscaler", None)
+        inner = optimizer.optimizer
+        group_id = optimizer.sub_group_to_group_id[sub_group_id]
+        hp = optimizer.fp32_partitioned_groups_flat[sub_group_id]
+        segments = segments_of.pop(sub_group_id, None)
+        if segments is not None:
+            if not step_in_segments(inner, group_id, hp, segments):
+                hp.grad = torch.cat([grad for _, grad in segments])  # no state yet: whole
+                del segments
+                step_original(sub_group_id)
+        elif (optimizer.offload_optimizer or getattr(optimizer, "torch_autocast_gradscaler", None)
                 or getattr(optimizer, "zenflow", False) or getattr(optimizer, "use_muon", False)
-                or not step_in_chunks(optimizer.optimizer,
-                                      optimizer.sub_group_to_group_id[sub_group_id],
-                                      optimizer.fp32_partitioned_groups_flat[sub_group_id],
-                                      chunk)):
+                or not step_in_chunks(inner, group_id, hp, chunk)):
             step_original(sub_group_id)
 
     optimizer._prepare_fp32_grad_for_sub_group = prepare
+    optimizer.unscale_and_clip_grads = unscale_and_clip_grads
     optimizer._reassign_or_swap_out_partitioned_parameters = reassign
     optimizer._optimizer_step = optimizer_step
     return bring_back_parameter_partitions
@@ -250,36 +313,61 @@ def _point_grad_partitions_at(optimizer, buffer: torch.Tensor) -> None:
 
 
 def release_grad_partitions(optimizer) -> int:
-    """Free DeepSpeed's flat gradient buffer (grad_partitions_flat_buffer, 4 bytes per
-    parameter under torch_autocast, preallocated at initialize and held for the whole run):
-    between an optimizer step and the next backward no one reads it. The buffer and every
-    slot become meta tensors of the same shapes, so a read in between (deepspeed.utils.
-    safe_get_full_grad after the step) fails with torch's error about the meta device rather
-    than reading freed memory. restore_grad_partitions gives it back, zeroed. Returns the
+    """Free DeepSpeed's gradient partitions (grad_partitions_flat_buffer, 4 bytes per
+    parameter under torch_autocast, preallocated at initialize and held for the whole run, or
+    the per-parameter gradients that stand in its slots): between an optimizer step and the
+    next backward no one reads them. The buffer and every slot become meta tensors of the same
+    shapes, so a read in between (deepspeed.utils.safe_get_full_grad after the step) fails
+    with torch's error about the meta device rather than reading freed memory.
+    restore_grad_partitions gives the flat buffer back, zeroed. Returns the flat buffer's
     bytes freed (0 when already freed)."""
     buffer = optimizer.grad_partitions_flat_buffer
-    if buffer.device.type == "meta":
-        return 0
-    freed = buffer.untyped_storage().nbytes()
+    freed = 0 if buffer.device.type == "meta" else buffer.untyped_storage().nbytes()
     _point_grad_partitions_at(optimizer, torch.empty_like(buffer, device="meta"))
     return freed
 
 
 def restore_grad_partitions(optimizer) -> None:
-    """The flat gradient buffer back, zeroed (DeepSpeed's state at initialize: a slot the
-    backward does not write, a parameter without a gradient, stays zero), if
-    release_grad_partitions freed it."""
+    """The flat gradient buffer back, if release_grad_partitions freed it: zeroed (DeepSpeed's
+    state at initialize: a slot the backward does not write, a parameter without a gradient,
+    stays zero) but for the slots a per-parameter gradient holds, which are copied in."""
     buffer = optimizer.grad_partitions_flat_buffer
     if buffer.device.type == "meta":
+        held = dict(getattr(optimizer, _GRAD_MAP))
         device = optimizer.fp32_partitioned_groups_flat[0].device
         _point_grad_partitions_at(optimizer, torch.zeros_like(buffer, device=device))
+        slots = getattr(optimizer, _GRAD_MAP)
+        for ds_id, grad in held.items():
+            if grad.device.type != "meta":
+                slots[ds_id].copy_(grad)
+
+
+def fill_unwritten_grad_partitions(optimizer) -> None:
+    """Per-parameter gradients (reads_gradients_per_parameter): a slot no backward wrote since
+    the last step (a parameter this model did not use) becomes zeros, what DeepSpeed's flat
+    buffer holds there; the norm and the step read every slot."""
+    buffer = optimizer.grad_partitions_flat_buffer
+    device = optimizer.fp32_partitioned_groups_flat[0].device
+    slots = getattr(optimizer, _GRAD_MAP)
+    for group in optimizer.fp16_groups:
+        for p in group:
+            if slots[p.ds_id].device.type == "meta":
+                slots[p.ds_id] = torch.zeros(p.partition_numel(), dtype=buffer.dtype,
+                                             device=device)
 
 
 def grad_partition(optimizer, param) -> torch.Tensor:
-    """This rank's slot of `param`'s gradient in the optimizer's flat gradient buffer: what
-    DeepSpeed's optimizer step, clipping, overflow check and checkpoints read. Looked up on every
-    use (offload_states/reload_states and restore_grad_partitions rebuild the map)."""
+    """This rank's slot of `param`'s gradient (in the optimizer's flat gradient buffer, or a
+    tensor of its own: set_grad_partition): what DeepSpeed's optimizer step, clipping, overflow
+    check and checkpoints read. Looked up on every use (offload_states/reload_states and
+    restore_grad_partitions rebuild the map)."""
     return getattr(optimizer, _GRAD_MAP)[param.ds_id]
+
+
+def set_grad_partition(optimizer, param, grad: torch.Tensor) -> None:
+    """`grad` (this rank's partition of `param`'s gradient, partition_numel elements) becomes
+    the slot DeepSpeed reads, in place of a view of the flat buffer."""
+    getattr(optimizer, _GRAD_MAP)[param.ds_id] = grad
 
 
 def micro_step_id(optimizer) -> int:

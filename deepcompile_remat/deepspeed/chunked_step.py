@@ -1,4 +1,5 @@
-"""step_in_chunks: a torch optimizer's step on one large flat parameter, a chunk at a time.
+"""step_in_chunks: a torch optimizer's step on one large flat parameter, a chunk at a time
+(step_in_segments: the same over given segments, each with a gradient of its own).
 
 DeepSpeed's ZeRO-3 optimizer hands the torch optimizer one flat fp32 tensor per sub-group (by
 default one for the whole rank: sub_group_size 1e9). An elementwise optimizer's step allocates
@@ -14,6 +15,11 @@ like): a state tensor of the parameter's shape is sliced with it, anything else 
 is copied per chunk and the first chunk's copy written back, since every chunk advanced it the
 same way. An optimizer with no state yet for the tensor (its first step creates it) is stepped
 whole.
+
+A segment's gradient need not be a slice of one flat gradient: the takeover steps each
+parameter's slice of the flat partition with that parameter's own gradient, so no flat gradient
+(4 more bytes per parameter, next to the per-parameter gradients the backward produced) is ever
+built.
 """
 from __future__ import annotations
 
@@ -28,20 +34,43 @@ def step_in_chunks(optimizer: torch.optim.Optimizer, group_index: int, flat: tor
     .grad set), in views of at most `chunk` elements. Returns False, stepping nothing, where
     chunking does not apply (an optimizer not known to be elementwise, no state yet for `flat`,
     a tensor of at most one chunk): the caller steps it whole."""
-    state = optimizer.state.get(flat)
-    if (type(optimizer) not in ELEMENTWISE or not state or flat.dim() != 1
-            or flat.numel() <= chunk or flat.grad is None):
+    if flat.grad is None or flat.numel() <= chunk:
         return False
-    views, states = [], []
-    for start in range(0, flat.numel(), chunk):
-        length = min(chunk, flat.numel() - start)
+    grad = flat.grad
+    return step_in_segments(optimizer, group_index, flat,
+                            [(start, grad.narrow(0, start, min(chunk, flat.numel() - start)))
+                             for start in range(0, flat.numel(), chunk)])
+
+
+def step_in_segments(optimizer: torch.optim.Optimizer, group_index: int, flat: torch.Tensor,
+                     segments: list) -> bool:
+    """optimizer.step() on param group `group_index` holding only `flat`, as one view per
+    segment: (start, gradient) steps flat[start:start + gradient.numel()] with that gradient
+    (any tensor of the view's dtype: a slice of flat.grad, or a parameter's own gradient where
+    no flat gradient exists). The segments must tile `flat`. Returns False, stepping nothing,
+    where this does not apply (an optimizer not known to be elementwise, no state yet for
+    `flat`): the caller steps it whole."""
+    state = optimizer.state.get(flat)
+    if type(optimizer) not in ELEMENTWISE or not state or flat.dim() != 1:
+        return False
+    views, states, expected = [], [], 0
+    for start, grad in segments:
+        if start != expected or grad.dim() != 1 or grad.dtype != flat.dtype:
+            raise ValueError(f"step_in_segments: segment at {start} (expected {expected}), "
+                             f"gradient {tuple(grad.shape)} {grad.dtype} against a "
+                             f"{flat.dtype} flat tensor: segments must tile it in order")
+        length = grad.numel()
         view = flat.detach().narrow(0, start, length)
-        view.grad = flat.grad.narrow(0, start, length)
+        view.grad = grad
         views.append(view)
         states.append({k: (v.narrow(0, start, length)
                            if torch.is_tensor(v) and v.shape == flat.shape
                            else (v.clone() if torch.is_tensor(v) else v))
                        for k, v in state.items()})
+        expected = start + length
+    if expected != flat.numel():
+        raise ValueError(f"step_in_segments: segments cover {expected} of {flat.numel()} "
+                         "elements")
     group = optimizer.param_groups[group_index]
     params = group["params"]
     group["params"] = views

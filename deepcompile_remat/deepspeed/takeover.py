@@ -19,12 +19,14 @@ DeepSpeed keeps: bf16 under "bf16", fp32 under "torch_autocast"). The takeover
 
 Gradients: allgather_cast's backward reduce-scatters the full gradient (mean over ranks, as
 DeepSpeed's averaging), so each shard leaf receives exactly this rank's averaged partition. A
-post-accumulate-grad hook moves it into DeepSpeed's gradient partition the way partition_grads
-does (copy on the first micro-batch after a step, add on the next ones) and frees it.
-DeepSpeed's flat gradient buffer exists only from the first gradient of a backward to the end
-of the optimizer step, which reads it in place (no flattened copy). The
-engine's own backward epilogue then runs unchanged (empty reduce buckets): optimizer step,
-clipping, overflow checks and checkpoints read the partitions as they always do.
+post-accumulate-grad hook hands it to DeepSpeed's gradient partition the way partition_grads
+does (replace on the first micro-batch after a step, add on the next ones). Where DeepSpeed's
+step allows (bf16 and torch_autocast with an elementwise torch optimizer, no offload), the
+slot *is* that gradient: no flat gradient buffer exists, and the step reads each parameter's
+gradient in place. Elsewhere it is copied into DeepSpeed's flat buffer, which then exists only
+from the first gradient of a backward to the end of the optimizer step. The engine's own
+backward epilogue then runs unchanged (empty reduce buckets): optimizer step, clipping,
+overflow checks and checkpoints read the partitions as they always do.
 """
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ class Takeover:
     handles: list = field(default_factory=list)
     released_bytes: int = 0  # DeepSpeed's reduce buckets and duplicate fp32 partitions
     released_fp32_bytes: int = 0  # of which duplicate fp32 partitions
+    # Whether DeepSpeed's gradient slots are the backward's own gradients (no flat buffer)
+    per_parameter_gradients: bool = False
 
     def __repr__(self) -> str:
         return (f"Takeover(backend={self.kind!r}, parameters={len(self.leaves)}, "
@@ -135,28 +139,55 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
         grad, leaf.grad = leaf.grad, None
         if grad is None or not holds_data:
             return
+        # DeepSpeed's rule (partition_grads): the first micro-batch after a step replaces the
+        # slot, the next ones (and a second use in this one) add to it.
+        replace = p.ds_id not in takeover.written and ds.micro_step_id(optimizer) == 0
+        takeover.written.add(p.ds_id)
+        if takeover.per_parameter_gradients:
+            slot = ds.grad_partition(optimizer, p)
+            if replace or slot.device.type == "meta":
+                ds.set_grad_partition(optimizer, p, grad.to(slot.dtype))  # kept, not copied
+            else:
+                slot.add_(grad.to(slot.dtype))
+            return
         ds.restore_grad_partitions(optimizer)  # freed since the last step: back, zeroed
         slot = ds.grad_partition(optimizer, p).narrow(0, 0, grad.numel())
-        if p.ds_id in takeover.written or ds.micro_step_id(optimizer) != 0:
-            slot.add_(grad.to(slot.dtype))  # a later micro-batch, or a second use this one
-        else:
+        if replace:
             slot.copy_(grad)
-        takeover.written.add(p.ds_id)
+        else:
+            slot.add_(grad.to(slot.dtype))
 
     return hook
 
 
-def _hold_gradients_only_in_the_step(optimizer) -> None:
-    """DeepSpeed holds its flat gradient buffer for the whole run and copies it once more in
-    the optimizer step (flatten). Here the buffer exists from the first gradient a backward
-    writes until the optimizer step that reads it, and the step holds no copy it does not
-    read (_ds_internals.step_without_copies): what our own runtime holds. Anything else that
-    reads the buffer (offload_states) gets it back first."""
-    step_ended = ds.step_without_copies(optimizer)
+def _hold_gradients_only_in_the_step(optimizer) -> bool:
+    """DeepSpeed holds its flat gradient buffer for the whole run, copies it once more in the
+    optimizer step (flatten), and the backward's gradients are copied into it, so at the end
+    of a backward both exist. Here, where DeepSpeed's step allows it
+    (_ds_internals.reads_gradients_per_parameter), there is no flat buffer: each slot is the
+    gradient the backward produced, read by the step in place and freed after it. Elsewhere
+    the buffer exists from the first gradient a backward writes until the optimizer step that
+    reads it. Either way the step holds no copy it does not read
+    (_ds_internals.step_without_copies): what our own runtime holds. Anything else that reads
+    the buffer (offload_states) gets it back first, holding the gradients written so far.
+    Returns whether gradients are per parameter."""
+    per_parameter = ds.reads_gradients_per_parameter(optimizer)
+    step_ended = ds.step_without_copies(optimizer, per_parameter)
     step, offload_states = optimizer.step, getattr(optimizer, "offload_states", None)
+    epilogue = optimizer.independent_gradient_partition_epilogue
+
+    def before_reading(*args, **kwargs):
+        if per_parameter:
+            ds.fill_unwritten_grad_partitions(optimizer)  # unused parameters: zeros
+        else:
+            ds.restore_grad_partitions(optimizer)  # a step with no backward reads zeros
+
+    def epilogue_reading_every_slot(*args, **kwargs):
+        before_reading()
+        return epilogue(*args, **kwargs)
 
     def step_then_release(*args, **kwargs):
-        ds.restore_grad_partitions(optimizer)  # a step with no backward before it reads zeros
+        before_reading()
         try:
             return step(*args, **kwargs)
         finally:
@@ -164,6 +195,7 @@ def _hold_gradients_only_in_the_step(optimizer) -> None:
             ds.release_grad_partitions(optimizer)
 
     optimizer.step = step_then_release
+    optimizer.independent_gradient_partition_epilogue = epilogue_reading_every_slot
     if offload_states is not None:
         def restore_then_offload(*args, **kwargs):
             ds.restore_grad_partitions(optimizer)
@@ -171,6 +203,7 @@ def _hold_gradients_only_in_the_step(optimizer) -> None:
 
         optimizer.offload_states = restore_then_offload
     ds.release_grad_partitions(optimizer)
+    return per_parameter
 
 
 def requested_kind(backend: Any) -> Optional[str]:
@@ -234,7 +267,7 @@ def take_over(engine, remat: RematConfig) -> Takeover:
 
     takeover = Takeover(remat, released_bytes=released + released_fp32,
                         released_fp32_bytes=released_fp32)
-    _hold_gradients_only_in_the_step(optimizer)
+    takeover.per_parameter_gradients = _hold_gradients_only_in_the_step(optimizer)
     leaves: dict = {}
     for mod in module.modules():
         names = tuple(n for n, p in mod._parameters.items() if p is not None)

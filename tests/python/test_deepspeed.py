@@ -35,14 +35,19 @@ def _config(precision, on, kind="eager", **extra):
     return ds_config(precision, on, kind, micro_batch=MICRO_BATCH, clipping=0.4, **extra)
 
 
-def _engine(config, seed=0):
+class _UnlistedSGD(torch.optim.SGD):
+    """SGD under a name the takeover does not know to be elementwise: DeepSpeed's flat
+    gradient buffer and whole-tensor step (the path of fp16, offload and other optimizers)."""
+
+
+def _engine(config, seed=0, optimizer_class=torch.optim.SGD):
     from deepcompile_remat.deepspeed import initialize
 
     torch.manual_seed(seed)
     model = GPT(layers=2)
     # SGD, not Adam: its step is proportional to the gradient, so a gradient averaged twice (or
     # summed, not averaged) changes the weights; Adam would normalise the error away.
-    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    opt = optimizer_class(model.parameters(), lr=0.5, momentum=0.9)
     engine, *_ = initialize(model=model, optimizer=opt, config=config)
     return engine
 
@@ -65,18 +70,19 @@ def _train(engine, rank, micro_steps, norms=None):
     return torch.stack(losses)
 
 
-def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
+def _compare(rank, world, precision, kind, gas, persistence_threshold=0,
+             optimizer_class=torch.optim.SGD):
     rank_env(rank, world)
     extra = {"gradient_accumulation_steps": gas, "zero_optimization": {
         "stage": 3, "stage3_param_persistence_threshold": persistence_threshold}}
     micro_steps = range(STEPS * gas)
-    stock = _engine(_config(precision, False, **extra))
+    stock = _engine(_config(precision, False, **extra), optimizer_class=optimizer_class)
     assert getattr(stock, "dcr_takeover", None) is None
     ref_norms, norms = [], []
     ref_losses = _train(stock, rank, micro_steps, ref_norms)
     ref = full_fp32_params(stock)
 
-    ours = _engine(_config(precision, True, kind, **extra))
+    ours = _engine(_config(precision, True, kind, **extra), optimizer_class=optimizer_class)
     assert ours.dcr_takeover is not None
     # The shards are DeepSpeed's ds_tensor in the dtype it keeps them: bf16 under "bf16", fp32
     # (its fp32 master, aliased) under "torch_autocast".
@@ -94,17 +100,8 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
     assert zero3.CommStats.allgather_calls > 0 and zero3.CommStats.reduce_scatter_bytes > 0
     assert_deepspeed_never_gathered(ours)
     _assert_holds_what_our_runtime_holds(stock, ours, precision)
-    # In the fp32 update: the gradient is the flat buffer itself (autocast) or its fp32 cast,
-    # with the 16-bit parameter and gradient buffers freed (bf16); never a flattened copy.
-    assert len(in_update) == STEPS, in_update
-    # ... and stepped in chunks (chunked_step.py), so the optimizer's temporaries are too (but
-    # the first step, which creates SGD's momentum for the whole tensor).
-    assert all(chunks > 1 for *_, chunks in in_update[1:]), in_update
-    for grad_is_the_buffer, lp_bytes, grad_buffer_bytes, _ in in_update:
-        if precision == "autocast":
-            assert grad_is_the_buffer and grad_buffer_bytes > 0
-        else:
-            assert not grad_is_the_buffer and lp_bytes == 0 and grad_buffer_bytes == 0
+    _assert_the_update_holds_no_copy(ours, precision, in_update,
+                                     per_parameter=optimizer_class is torch.optim.SGD)
     full = full_fp32_params(ours)
 
     # Measured here: losses within 2.2e-4, fp32 master weights within 6.5e-4 after 5 steps
@@ -134,24 +131,55 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0):
 
 
 def _watch_the_update(ds_optimizer):
-    """Records, at each call of the torch optimizer's step inside DeepSpeed's: whether the fp32
-    gradient shares the flat gradient buffer's storage, the bytes the 16-bit parameter
-    buffer and the gradient buffer hold, and how many tensors the step updates."""
+    """Records, at each call of the torch optimizer's step inside DeepSpeed's: whether the
+    sub-group has a flat fp32 gradient (and if so whether it shares the flat gradient buffer's
+    storage), how many distinct storages the stepped tensors' gradients live in, the bytes the
+    16-bit parameter buffer and the flat gradient buffer hold, and how many tensors the step
+    updates."""
     seen, inner = [], ds_optimizer.optimizer
     step = inner.step
 
     def watched(*args, **kwargs):
-        grad = ds_optimizer.fp32_partitioned_groups_flat[0].grad
+        flat_grad = ds_optimizer.fp32_partitioned_groups_flat[0].grad
         buffer = ds_optimizer.grad_partitions_flat_buffer  # a meta tensor once freed
         storage = buffer.untyped_storage()
-        seen.append((grad.untyped_storage().data_ptr() == storage.data_ptr(),
-                     ds_optimizer.lp_param_buffer.untyped_storage().nbytes(),
-                     0 if buffer.device.type == "meta" else storage.nbytes(),
-                     len(inner.param_groups[0]["params"])))
+        params = inner.param_groups[0]["params"]
+        seen.append(dict(
+            flat_grad=flat_grad is not None,
+            flat_grad_is_the_buffer=(flat_grad is not None and buffer.device.type != "meta"
+                                     and flat_grad.untyped_storage().data_ptr()
+                                     == storage.data_ptr()),
+            grad_storages=len({p.grad.untyped_storage().data_ptr() for p in params}),
+            lp_bytes=ds_optimizer.lp_param_buffer.untyped_storage().nbytes(),
+            grad_buffer_bytes=0 if buffer.device.type == "meta" else storage.nbytes(),
+            tensors=len(params)))
         return step(*args, **kwargs)
 
     inner.step = watched
     return seen
+
+
+def _assert_the_update_holds_no_copy(ours, precision, in_update, per_parameter):
+    """In the fp32 update, per parameter (an optimizer known to be elementwise): no flat
+    gradient and no flat gradient buffer exist, each parameter's slice of the fp32 partition
+    is stepped with the gradient the backward produced (its fp32 cast under bf16), which also
+    bounds the optimizer's temporaries (chunked_step.py); the first step, which creates SGD's
+    momentum for the whole flat tensor, steps it whole with a flattened gradient. Otherwise
+    the flat gradient is the flat buffer itself (autocast) or its fp32 cast (bf16), never a
+    flattened copy. Under bf16 the 16-bit parameter buffer is freed during the update."""
+    assert ours.dcr_takeover.per_parameter_gradients == per_parameter
+    assert len(in_update) == STEPS, in_update
+    assert in_update[0]["flat_grad"] and in_update[0]["tensors"] == 1, in_update
+    for seen in in_update[1 if per_parameter else 0:]:
+        if precision == "bf16":
+            assert seen["lp_bytes"] == 0, seen
+        if per_parameter:
+            assert not seen["flat_grad"] and seen["grad_buffer_bytes"] == 0, seen
+            assert seen["tensors"] == seen["grad_storages"] == len(ours.dcr_takeover.leaves)
+        elif precision == "autocast":
+            assert seen["flat_grad_is_the_buffer"] and seen["grad_buffer_bytes"] > 0, seen
+        else:
+            assert not seen["flat_grad_is_the_buffer"] and seen["grad_buffer_bytes"] == 0, seen
 
 
 def _assert_holds_what_our_runtime_holds(stock, ours, precision):
@@ -184,12 +212,15 @@ def test_flag_on_matches_stock_zero3(precision, kind):
     run_ranks(_compare, 2, precision, kind, 1)
 
 
-def test_gradient_accumulation_and_persistent_parameters_match_stock_zero3():
+@pytest.mark.parametrize("optimizer_class", [torch.optim.SGD, _UnlistedSGD],
+                         ids=["per-parameter-gradients", "flat-gradient-buffer"])
+def test_gradient_accumulation_and_persistent_parameters_match_stock_zero3(optimizer_class):
     """Silent bugs guarded: every micro-batch overwriting the gradient partition instead of
     adding to it (or adding onto the last step's), so only one micro-batch of two is learned
-    from; and, with DeepSpeed's default persistence threshold (every parameter of this tiny
-    model persistent, i.e. kept gathered), parameters left gathered next to our shards."""
-    run_ranks(_compare, 2, "bf16", "eager", 2, 10 ** 5)
+    from, with gradients held per parameter or in DeepSpeed's flat buffer; and, with
+    DeepSpeed's default persistence threshold (every parameter of this tiny model persistent,
+    i.e. kept gathered), parameters left gathered next to our shards."""
+    run_ranks(_compare, 2, "bf16", "eager", 2, 10 ** 5, optimizer_class)
 
 
 def _checkpoints_cross(rank, world, path):
