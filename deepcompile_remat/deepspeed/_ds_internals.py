@@ -162,7 +162,8 @@ def reads_gradients_per_parameter(optimizer) -> bool:
             and type(optimizer.optimizer) in ELEMENTWISE)
 
 
-def step_without_copies(optimizer, per_parameter: bool):
+def step_without_copies(optimizer, per_parameter: bool,
+                        sixteen_bit: "SixteenBitPartitions | None" = None):
     """DeepSpeed's optimizer step holds more than it reads:
       - it hands each sub-group's gradients to the torch optimizer as
         flatten(averaged_gradients).to(fp32) (_prepare_fp32_grad_for_sub_group): a copy of
@@ -185,6 +186,8 @@ def step_without_copies(optimizer, per_parameter: bool):
         optimizer's temporaries (AdamW on CPU: 8 bytes per parameter) are the size of the
         rank's whole shard. Here it steps views of it, each at most the largest parameter's
         partition (chunked_step.py; the same values).
+      - with `sixteen_bit` (the takeover gathers from the fp32 master) the 16-bit parameter
+        partitions are not rewritten after the update at all: nothing reads them.
     So the step's peak is the fp32 master, the optimizer states, the fp32 gradients and the
     optimizer's own temporaries: what our own runtime's step holds. The first step (the torch
     optimizer creates its state for the flat tensor) steps it whole, as DeepSpeed does. Returns
@@ -219,7 +222,9 @@ def step_without_copies(optimizer, per_parameter: bool):
         return True
 
     def prepare(sub_group_id):
-        if sub_group_id == 0 and lp_derived:
+        if sub_group_id == 0 and sixteen_bit is not None:
+            sixteen_bit.drop()
+        elif sub_group_id == 0 and lp_derived:
             _release(lp)
         hp = optimizer.fp32_partitioned_groups_flat[sub_group_id]
         if per_parameter and take_per_parameter(sub_group_id, hp):
@@ -249,12 +254,16 @@ def step_without_copies(optimizer, per_parameter: bool):
         return None
 
     def bring_back_parameter_partitions() -> None:
+        if sixteen_bit is not None:
+            return  # dropped for good: the forward gathers from the master
         if lp_derived and lp.untyped_storage().nbytes() == 0:
             _restore(lp)
             for i in range(last + 1):
                 reassign_original(i)  # fp16 <- fp32 and the parameters re-pointed, as DeepSpeed
 
     def reassign(sub_group_id):
+        if sixteen_bit is not None:
+            return None
         if not lp_derived:
             return reassign_original(sub_group_id)
         if sub_group_id == last:  # until then freed: rewritten after the last update
@@ -285,6 +294,131 @@ def step_without_copies(optimizer, per_parameter: bool):
     optimizer._reassign_or_swap_out_partitioned_parameters = reassign
     optimizer._optimizer_step = optimizer_step
     return bring_back_parameter_partitions
+
+
+def can_gather_from_master(optimizer) -> bool:
+    """Whether the takeover can gather each parameter from DeepSpeed's fp32 master partition
+    (cast to 16 bits on the way) and drop the 16-bit parameter partitions: "bf16" or "fp16"
+    (16-bit partitions derived from the master, lp_param_buffer), master and partitions on one
+    device (no optimizer offload, no NVMe-swapped sub-group)."""
+    lp = getattr(optimizer, "lp_param_buffer", None)
+    masters = optimizer.fp32_partitioned_groups_flat
+    return (lp is not None and not optimizer.offload_optimizer and lp.dtype != masters[0].dtype
+            and all(m is not None and m.device == lp.device for m in masters)
+            and all(f is not None for f in optimizer.fp16_partitioned_groups_flat))
+
+
+def master_slices(optimizer) -> dict:
+    """ds_id -> this rank's slice of the fp32 master partition holding that parameter, laid
+    out as DeepSpeed lays the 16-bit partitions it copies from them (the parameters of
+    fp16_groups in order, partition_numel each)."""
+    slices = {}
+    for sub_group, params in enumerate(optimizer.fp16_groups):
+        master, offset = optimizer.fp32_partitioned_groups_flat[sub_group], 0
+        for p in params:
+            slices[p.ds_id] = master.narrow(0, offset, p.partition_numel())
+            offset += p.partition_numel()
+    return slices
+
+
+# What of DeepSpeed reads or writes the 16-bit parameter partitions outside the forward,
+# backward and step the takeover runs: checkpoint loads, refresh_fp32_params,
+# offload/reload_states (optimizer methods), and gathers of a parameter
+# (GatheredParameters, 16-bit model saves: methods every ZeRO-3 parameter carries).
+_OPTIMIZER_METHODS_READING_16BIT = (
+    "load_state_dict", "refresh_fp32_params", "_restore_from_bit16_weights",
+    "offload_states", "reload_states", "load_hp_checkpoint_state_from_checkpoint_dir_stage3",
+    "load_module_checkpoint_state_from_checkpoint_dir_stage3")
+_PARAMETER_METHODS_READING_16BIT = ("all_gather", "all_gather_coalesced")
+
+
+class SixteenBitPartitions:
+    """DeepSpeed's 16-bit parameter partitions (lp_param_buffer; each parameter's ds_tensor a
+    view of it: 2 bytes per parameter under "bf16") while the takeover gathers from the fp32
+    master: nothing of the takeover's forward, backward or step reads them, so they are
+    dropped, and brought back (rewritten from the master, as DeepSpeed's step would have left
+    them) for the DeepSpeed code that does read them (the methods above), until the next
+    forward drops them again. While dropped each parameter's ds_tensor is a meta tensor of the
+    same shape and attributes, so a read of its values is torch's meta-device error, never
+    freed memory. A write to them while they are back (GatheredParameters with modifier_rank:
+    stock DeepSpeed would overwrite it from the master at its next step) is copied into the
+    master when they are dropped, with a warning: training continues from what was written."""
+
+    def __init__(self, optimizer, params):
+        self.optimizer, self.params = optimizer, list(params)
+        self.buffer = optimizer.lp_param_buffer
+        self.nbytes = self.buffer.numel() * self.buffer.element_size()
+        self._originals: dict = {}  # ds_id -> DeepSpeed's ds_tensor, while dropped
+        for name in _OPTIMIZER_METHODS_READING_16BIT:
+            self._bring_back_before(optimizer, name)
+        for p in self.params:
+            for name in _PARAMETER_METHODS_READING_16BIT:
+                self._bring_back_before(p, name)
+
+    @property
+    def dropped(self) -> bool:
+        return bool(self._originals)
+
+    def _bring_back_before(self, owner, name: str) -> None:
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+
+        def brought_back_first(*args, **kwargs):
+            self.bring_back()
+            return original(*args, **kwargs)
+
+        setattr(owner, name, brought_back_first)
+
+    def drop(self) -> None:
+        if self.dropped:
+            return
+        self._keep_writes()
+        for p in self.params:
+            t = p.ds_tensor
+            placeholder = torch.empty_like(t, device="meta")
+            placeholder.__dict__.update(t.__dict__)  # ds_numel, status, ... (metadata readers)
+            self._originals[p.ds_id] = t
+            p.ds_tensor = placeholder
+        _release(self.buffer)
+
+    def bring_back(self) -> None:
+        if not self.dropped:
+            return
+        _restore(self.buffer)
+        optimizer = self.optimizer
+        for sub_group, flat in enumerate(optimizer.fp16_partitioned_groups_flat):
+            flat.data.copy_(optimizer.fp32_partitioned_groups_flat[sub_group].data)
+        for p in self.params:
+            p.ds_tensor = self._originals.pop(p.ds_id)
+
+    @torch.no_grad()
+    def _keep_writes(self) -> None:
+        written = 0
+        for flat, master in zip(self.optimizer.fp16_partitioned_groups_flat,
+                                self.optimizer.fp32_partitioned_groups_flat):
+            changed = flat != master.to(flat.dtype)
+            count = int(changed.sum())
+            if count:
+                master[changed] = flat[changed].to(master.dtype)
+                written += count
+        if written:
+            log.warning("deepcompile_remat: %d elements of DeepSpeed's 16-bit parameter "
+                        "partitions were written outside training (GatheredParameters with "
+                        "modifier_rank?); copied into the fp32 master weights the takeover "
+                        "trains from (stock DeepSpeed would overwrite them from the master at "
+                        "its next step; deepspeed.utils.safe_set_full_fp32_param writes the "
+                        "master directly)", written)
+
+
+def zeros_for_placeholders(optimizer) -> None:
+    """DeepSpeed's epilogue gives a frozen parameter the gradient zeros_like(ds_tensor): a meta
+    tensor while the 16-bit partitions are dropped. Real zeros instead (the norm reads them)."""
+    device = optimizer.fp32_partitioned_groups_flat[0].device
+    for grads in optimizer.averaged_gradients.values():
+        for j, grad in enumerate(grads or ()):
+            if grad is not None and grad.device.type == "meta":
+                grads[j] = torch.zeros(grad.shape, dtype=grad.dtype, device=device)
 
 
 def _release(buffer) -> None:

@@ -15,8 +15,9 @@ from the config DeepSpeed sees; then either
     (deepcompile.py); the engine is compiled with the block's backend.
 The returned tuple is deepspeed.initialize's. engine.dcr_takeover says what happened: a
 Takeover after take_over(), whose repr is one line (``Takeover(backend='inductor',
-parameters=24, released_bytes=3221225472)``: the backend kind compiling the module, the
-parameters taken over, the bytes of DeepSpeed's unused reduce buckets released); None with
+parameters=24, released_bytes=3221225472, gathers_from_master=True)``: the backend kind
+compiling the module, the parameters taken over, the bytes of DeepSpeed's unused reduce buckets
+released, whether the forward gathers from the fp32 master: "bf16"); None with
 DeepCompile; absent on an engine built without the block. Rank 0 logs the same facts in one
 INFO line of the "deepcompile_remat" logger at takeover.
 

@@ -49,8 +49,10 @@ _LEAVES_ATTR = "_dcr_ds_leaves"
 
 
 def _gathered(module: nn.Module, name: str) -> torch.Tensor:
-    """The full parameter `name` of a taken-over module: its shard leaf, gathered."""
-    return gather(getattr(module, _LEAVES_ATTR)[name], specs_of(module)[name])
+    """The full parameter `name` of a taken-over module: its shard leaf, gathered (cast on the
+    way where the leaf is the fp32 master of a 16-bit parameter)."""
+    spec = specs_of(module)[name]
+    return gather(getattr(module, _LEAVES_ATTR)[name], spec, spec.compute_dtype)
 
 
 @dataclass(repr=False)
@@ -60,8 +62,12 @@ class Takeover:
     leaf) pair per parameter taken over (leaves; tied parameters share one), and the bytes of
     DeepSpeed's buffers it released (released_bytes: the unused gradient reduce buckets, and
     under torch_autocast the fp32 partitions DeepSpeed copied where it meant to alias the
-    parameter partitions; _ds_internals.alias_fp32_partitions). Its repr is one line:
-    ``Takeover(backend='inductor', parameters=24, released_bytes=0)``."""
+    parameter partitions; _ds_internals.alias_fp32_partitions). Under "bf16" (and "fp16")
+    the leaves are slices of DeepSpeed's fp32 master and its 16-bit parameter partitions are
+    dropped (sixteen_bit: _ds_internals.SixteenBitPartitions); per_parameter_gradients says
+    whether DeepSpeed's gradient slots are the backward's own tensors (no flat buffer). Its
+    repr is one line: ``Takeover(backend='inductor', parameters=24, released_bytes=0,
+    gathers_from_master=False)``."""
 
     remat: RematConfig
     kind: str = ""  # the backend kind the module's forward is compiled with now
@@ -70,12 +76,16 @@ class Takeover:
     handles: list = field(default_factory=list)
     released_bytes: int = 0  # DeepSpeed's reduce buckets and duplicate fp32 partitions
     released_fp32_bytes: int = 0  # of which duplicate fp32 partitions
+    # "bf16"/"fp16": the leaves are the fp32 master, DeepSpeed's 16-bit partitions dropped
+    sixteen_bit: Optional[ds.SixteenBitPartitions] = None
+    optimizer: Any = None
     # Whether DeepSpeed's gradient slots are the backward's own gradients (no flat buffer)
     per_parameter_gradients: bool = False
 
     def __repr__(self) -> str:
         return (f"Takeover(backend={self.kind!r}, parameters={len(self.leaves)}, "
-                f"released_bytes={self.released_bytes})")
+                f"released_bytes={self.released_bytes}, "
+                f"gathers_from_master={self.sixteen_bit is not None})")
 
     def summary(self) -> str:
         """The line rank 0 logs at takeover."""
@@ -84,16 +94,24 @@ class Takeover:
                 f"(backend {self.kind}); released {self.released_bytes / 2**20:.1f} MiB: "
                 f"{buckets / 2**20:.1f} of DeepSpeed's unused gradient reduce buckets, "
                 f"{self.released_fp32_bytes / 2**20:.1f} of fp32 partitions copied from the "
-                f"fp32 parameter partitions (now aliases)")
+                f"fp32 parameter partitions (now aliases)"
+                + (f"; gathers from the fp32 master weights, DeepSpeed's 16-bit parameter "
+                   f"partitions ({self.sixteen_bit.nbytes / 2**20:.1f} MiB) dropped"
+                   if self.sixteen_bit is not None else ""))
 
     def sync(self) -> None:
-        """Re-point a leaf whose ds_tensor DeepSpeed moved to new storage (offload_states /
-        reload_states, a checkpoint load that reallocates): the leaf must alias the live slice."""
+        """Before each forward: re-point a leaf whose partition DeepSpeed moved to new storage
+        (offload_states / reload_states, a checkpoint load that reallocates): the leaf must
+        alias the live slice (of ds_tensor, or of the fp32 master); and drop the 16-bit
+        partitions again if something of DeepSpeed's brought them back."""
+        masters = ds.master_slices(self.optimizer) if self.sixteen_bit is not None else {}
         for p, leaf in self.leaves:
-            t = p.ds_tensor
+            t = masters.get(p.ds_id, p.ds_tensor)
             if (leaf.data_ptr() != t.data_ptr() or leaf.dtype != t.dtype
                     or leaf.numel() != t.numel()):
                 leaf.data = t.data
+        if self.sixteen_bit is not None:
+            self.sixteen_bit.drop()
 
 
 def check_supported(engine) -> None:
@@ -117,7 +135,7 @@ def check_supported(engine) -> None:
                          + "; ".join(problems))
 
 
-def _spec(p) -> ShardSpec:
+def _spec(p, compute_dtype=None) -> ShardSpec:
     group = p.ds_process_group if p.ds_process_group is not None else dist.group.WORLD
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     shard_numel = p.ds_tensor.numel()
@@ -126,7 +144,8 @@ def _spec(p) -> ShardSpec:
             f"deepcompile_remat: DeepSpeed parameter ds_id={p.ds_id} (shape {tuple(p.ds_shape)}) "
             f"has a partition of shape {tuple(p.ds_tensor.shape)} on {world} ranks: not the 1-D "
             f"padded partition the takeover expects")
-    return ShardSpec(tuple(p.ds_shape), p.ds_numel, shard_numel, world, rank, group.group_name)
+    return ShardSpec(tuple(p.ds_shape), p.ds_numel, shard_numel, world, rank, group.group_name,
+                     compute_dtype)
 
 
 def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
@@ -160,7 +179,7 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
     return hook
 
 
-def _hold_gradients_only_in_the_step(optimizer) -> bool:
+def _hold_gradients_only_in_the_step(optimizer, sixteen_bit) -> bool:
     """DeepSpeed holds its flat gradient buffer for the whole run, copies it once more in the
     optimizer step (flatten), and the backward's gradients are copied into it, so at the end
     of a backward both exist. Here, where DeepSpeed's step allows it
@@ -172,7 +191,7 @@ def _hold_gradients_only_in_the_step(optimizer) -> bool:
     the buffer (offload_states) gets it back first, holding the gradients written so far.
     Returns whether gradients are per parameter."""
     per_parameter = ds.reads_gradients_per_parameter(optimizer)
-    step_ended = ds.step_without_copies(optimizer, per_parameter)
+    step_ended = ds.step_without_copies(optimizer, per_parameter, sixteen_bit)
     step, offload_states = optimizer.step, getattr(optimizer, "offload_states", None)
     epilogue = optimizer.independent_gradient_partition_epilogue
 
@@ -184,7 +203,10 @@ def _hold_gradients_only_in_the_step(optimizer) -> bool:
 
     def epilogue_reading_every_slot(*args, **kwargs):
         before_reading()
-        return epilogue(*args, **kwargs)
+        result = epilogue(*args, **kwargs)
+        if sixteen_bit is not None:
+            ds.zeros_for_placeholders(optimizer)  # frozen parameters' zeros_like(ds_tensor)
+        return result
 
     def step_then_release(*args, **kwargs):
         before_reading()
@@ -265,9 +287,23 @@ def take_over(engine, remat: RematConfig) -> Takeover:
     released = ds.release_reduce_buckets(optimizer)
     released_fp32 = ds.alias_fp32_partitions(optimizer)
 
+    # "bf16"/"fp16": each leaf is the parameter's slice of the fp32 master, gathered with a
+    # cast to 16 bits (as our own runtime's param_dtype), and the 16-bit partitions dropped.
+    masters = ds.master_slices(optimizer) if ds.can_gather_from_master(optimizer) else {}
+    for name, p in module.named_parameters():
+        if p.ds_id in masters and not torch.equal(masters[p.ds_id].to(p.ds_tensor.dtype),
+                                                  p.ds_tensor):
+            raise RuntimeError(
+                f"deepcompile_remat: parameter {name!r}: DeepSpeed's fp32 master partition is not "
+                "where the takeover expects it (its 16-bit partition is not its cast); "
+                "_ds_internals.master_slices no longer matches this DeepSpeed")
+    sixteen_bit = (ds.SixteenBitPartitions(optimizer, [p for p in module.parameters()
+                                                       if p.ds_id in masters])
+                   if masters else None)
     takeover = Takeover(remat, released_bytes=released + released_fp32,
-                        released_fp32_bytes=released_fp32)
-    takeover.per_parameter_gradients = _hold_gradients_only_in_the_step(optimizer)
+                        released_fp32_bytes=released_fp32, sixteen_bit=sixteen_bit,
+                        optimizer=optimizer)
+    takeover.per_parameter_gradients = _hold_gradients_only_in_the_step(optimizer, sixteen_bit)
     leaves: dict = {}
     for mod in module.modules():
         names = tuple(n for n, p in mod._parameters.items() if p is not None)
@@ -276,9 +312,11 @@ def take_over(engine, remat: RematConfig) -> Takeover:
         mod_leaves, specs = {}, {}
         for n in names:
             p = mod._parameters[n]
-            spec = _spec(p)
+            master = masters.get(p.ds_id)
+            spec = _spec(p, p.ds_tensor.dtype if master is not None else None)
             if id(p) not in leaves:  # tied parameters share one leaf
-                leaf = nn.Parameter(p.ds_tensor.data, requires_grad=p.requires_grad)
+                leaf = nn.Parameter(master if master is not None else p.ds_tensor.data,
+                                    requires_grad=p.requires_grad)
                 leaves[id(p)] = leaf
                 takeover.leaves.append((p, leaf))
                 if p.requires_grad:
@@ -294,6 +332,8 @@ def take_over(engine, remat: RematConfig) -> Takeover:
         takeover.written.clear()  # a new micro-batch
 
     takeover.handles.append(module.register_forward_pre_hook(before_forward))
+    if sixteen_bit is not None:
+        sixteen_bit.drop()
     # Only forward is compiled: the hook above stays eager.
     forward = module.forward
 

@@ -84,10 +84,17 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0,
 
     ours = _engine(_config(precision, True, kind, **extra), optimizer_class=optimizer_class)
     assert ours.dcr_takeover is not None
-    # The shards are DeepSpeed's ds_tensor in the dtype it keeps them: bf16 under "bf16", fp32
-    # (its fp32 master, aliased) under "torch_autocast".
-    kept = torch.bfloat16 if precision == "bf16" else torch.float32
-    assert {leaf.dtype for _, leaf in ours.dcr_takeover.leaves} == {kept}
+    # The shards are DeepSpeed's fp32 master: under "torch_autocast" its ds_tensor (the master
+    # aliases it); under "bf16" the master partition itself, gathered with a cast to bf16, and
+    # DeepSpeed's bf16 partitions dropped (meta placeholders: a read is an error, not garbage).
+    assert {leaf.dtype for _, leaf in ours.dcr_takeover.leaves} == {torch.float32}
+    if precision == "bf16":
+        assert ours.dcr_takeover.sixteen_bit is not None
+        assert all(p.ds_tensor.device.type == "meta" and p.ds_tensor.dtype == torch.bfloat16
+                   for p in ours.module.parameters())
+        assert ours.optimizer.lp_param_buffer.untyped_storage().nbytes() == 0
+    else:
+        assert ours.dcr_takeover.sixteen_bit is None
     # DeepSpeed's gradient reduce buckets (preallocated, 2 GB fp32 + 1 GB bf16 at its default
     # size) serve only the hooks the takeover removed: released.
     assert all(b.buffer is None or b.buffer.numel() == 0
@@ -125,9 +132,9 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0,
                 assert len(v.shape) == 1, v
     for fw, bw, _ in graphs:
         assert parameter_copies_saved(fw, bw) == []
-    if precision == "autocast":  # fp32 shards used in bf16 are gathered in bf16
-        gathers = [c for c in reports[0].collectives if f":{OP_NAMESPACE}::allgather_cast" in c]
-        assert any(":bfloat16:" in c for c in gathers), gathers
+    # fp32 shards used in bf16 are gathered in bf16 (cast before the gather)
+    gathers = [c for c in reports[0].collectives if f":{OP_NAMESPACE}::allgather_cast" in c]
+    assert any(":bfloat16:" in c for c in gathers), gathers
 
 
 def _watch_the_update(ds_optimizer):
@@ -223,11 +230,65 @@ def test_gradient_accumulation_and_persistent_parameters_match_stock_zero3(optim
     run_ranks(_compare, 2, "bf16", "eager", 2, 10 ** 5, optimizer_class)
 
 
-def _checkpoints_cross(rank, world, path):
+def _sixteen_bit_readers(rank, world, path):
+    rank_env(rank, world)
+    import logging
+
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    ours = _engine(_config("bf16", True, zero_optimization={
+        "stage": 3, "stage3_param_persistence_threshold": 0,
+        "stage3_gather_16bit_weights_on_model_save": True}))
+    _train(ours, rank, range(2))
+    p = ours.module.tok._parameters["weight"]  # DeepSpeed's parameter (the attribute gathers)
+    # Dropped: a read of the values is torch's meta-device error, not freed memory.
+    with pytest.raises((NotImplementedError, RuntimeError), match="meta"):
+        p.ds_tensor.sum().item()
+    # DeepSpeed's own gathers bring the bf16 partitions back, rewritten from the master.
+    master = safe_get_full_fp32_param(p).clone()
+    with deepspeed.zero.GatheredParameters([p]):
+        assert torch.equal(p.data, master.to(torch.bfloat16))
+    # A write through GatheredParameters reaches the master the takeover trains from, and
+    # the next forward says so (stock DeepSpeed would overwrite it at its next step).
+    with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
+        if rank == 0:
+            p.data[0].fill_(0.5)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("deepcompile_remat").addHandler(handler)
+    try:
+        ours(_batch(9, rank).to(ours.device))
+    finally:
+        logging.getLogger("deepcompile_remat").removeHandler(handler)
+    # (row 0 is in rank 0's partition: the rank whose master changes says so)
+    assert any("copied into the fp32 master" in r.getMessage() for r in records) == (rank == 0)
+    written = safe_get_full_fp32_param(p)
+    assert torch.all(written[0] == 0.5)
+    torch.testing.assert_close(written[1:], master[1:], rtol=0, atol=0)
+    assert ours.optimizer.lp_param_buffer.untyped_storage().nbytes() == 0  # dropped again
+    # A 16-bit model save gathers the master's cast.
+    ours.save_16bit_model(path, "model.bin")
+    if rank == 0:
+        saved = torch.load(os.path.join(path, "model.bin"))
+        name = next(n for n, q in ours.module.named_parameters() if q is p)
+        assert torch.equal(saved[name], written.to(torch.bfloat16))
+
+
+def test_deepspeeds_readers_of_the_dropped_bf16_partitions_get_them_back(tmp_path):
+    """Silent bugs guarded, under "bf16" (the takeover gathers from the fp32 master and drops
+    DeepSpeed's bf16 parameter partitions): a DeepSpeed gather (GatheredParameters, a 16-bit
+    model save) reading freed memory or stale values, a write through GatheredParameters
+    silently lost, a read of a dropped partition returning garbage."""
+    run_ranks(_sixteen_bit_readers, 2, str(tmp_path))
+
+
+def _checkpoints_cross(rank, world, path, precision):
     rank_env(rank, world)
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    on, off = _config("autocast", True), _config("autocast", False)
+    on, off = _config(precision, True), _config(precision, False)
     ours = _engine(on)
     _train(ours, rank, range(3))
     ours.save_checkpoint(path, tag="ours")
@@ -258,13 +319,16 @@ def _checkpoints_cross(rank, world, path):
                                        msg=lambda m: f"{name}: {m}")
 
 
-def test_checkpoints_cross_between_stock_deepspeed_and_the_takeover(tmp_path):
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_checkpoints_cross_between_stock_deepspeed_and_the_takeover(tmp_path, precision):
     """Silent bugs guarded, under torch_autocast (where the takeover makes DeepSpeed's fp32
     partitions aliases of its parameter partitions and frees the gradient buffer between
-    steps): a load that restores DeepSpeed's partitions while our shard leaves keep pointing
-    at the old storage (training resumes from other weights), optimizer state that does not
-    round-trip, a checkpoint of ours that stock DeepSpeed or zero_to_fp32 reads differently."""
-    run_ranks(_checkpoints_cross, 2, str(tmp_path))
+    steps) and bf16 (where it gathers from the fp32 master and drops the bf16 partitions,
+    which a load writes): a load that restores DeepSpeed's partitions while our shard leaves
+    keep pointing at the old storage (training resumes from other weights), optimizer state
+    that does not round-trip, a checkpoint of ours that stock DeepSpeed or zero_to_fp32 reads
+    differently."""
+    run_ranks(_checkpoints_cross, 2, str(tmp_path), precision)
 
 
 def test_unknown_key_lists_the_valid_keys():
@@ -451,7 +515,8 @@ def _shipped_own_loop_configs(rank, world):
         assert engine.zero_gather_16bit_weights_on_model_save(), name
         assert repr(engine.dcr_takeover) == (
             f"Takeover(backend='inductor', parameters={len(list(model.parameters()))}, "
-            f"released_bytes={engine.dcr_takeover.released_bytes})")
+            f"released_bytes={engine.dcr_takeover.released_bytes}, "
+            f"gathers_from_master={engine.dcr_takeover.sixteen_bit is not None})")
 
 
 def test_shipped_own_loop_configs_take_over_as_they_are():
