@@ -7,7 +7,8 @@ where the bytes are, every tensor reachable from those three objects is collecte
 counted once, under the first owner that reaches it in this order:
 
   parameter partitions   param.ds_tensor of every module parameter (the flat 16-bit, or fp32
-                         under torch_autocast, partitions the forward gathers)
+                         under torch_autocast, partitions; a takeover under "bf16" drops
+                         the 16-bit ones: meta placeholders, no bytes)
   gathered parameters    param.data of a parameter that is not released (persistent ones)
   fp32 partitions        the optimizer's fp32_partitioned_groups_flat (master weights)
   gradient partitions    grad_partitions_flat_buffer (every parameter's averaged gradient slot)
@@ -19,7 +20,8 @@ counted once, under the first owner that reaches it in this order:
 An alias is reported once under its first owner and listed in ``aliases`` (owner -> the owner
 it shares storage with), so a reader sees what was not copied. Bytes are storage bytes: a
 view counts its whole storage once. No DeepSpeed import; reads the attributes DeepSpeed 0.19.8
-sets (_ds_internals.py lists the private ones)."""
+sets (_ds_internals.py lists the private ones). Meta tensors (what the takeover leaves where it
+freed a buffer) hold no bytes and are skipped."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -77,7 +79,7 @@ class _Ledger:
     def add(self, owner: str, tensors) -> None:
         for t in tensors:
             storage = t.untyped_storage()
-            if storage.nbytes() == 0:
+            if t.device.type == "meta" or storage.nbytes() == 0:
                 continue
             key = (t.device, storage.data_ptr())
             first = self.owner_of.get(key)
@@ -94,7 +96,11 @@ def held_bytes(engine, *, device: str | torch.device | None = None) -> HeldBytes
     module, optimizer = engine.module, engine.optimizer
     inner = getattr(optimizer, "optimizer", None)
     params = list(module.parameters())
+    # The parameters' device: where the master weights are (a dropped ds_tensor is on meta).
+    masters = [t for t in getattr(optimizer, "fp32_partitioned_groups_flat", []) or []
+               if t is not None]
     device_type = torch.device(device).type if device is not None else (
+        masters[0].device.type if masters else
         params[0].ds_tensor.device.type if params and hasattr(params[0], "ds_tensor") else None)
     ledger = _Ledger()
     keep = (lambda ts: [t for t in ts if device_type is None or t.device.type == device_type])
