@@ -34,6 +34,7 @@ enum class ArcWhy : uint8_t {
   kBanNotReplayable,
   kBanComputeIntensive,
   kBanNotFusible,
+  kBanShrinkingReduction,
   kBanCollective,
   kSinkTangentClosure,
   kSinkBackwardOutput,
@@ -42,8 +43,8 @@ enum class ArcWhy : uint8_t {
 
 const char* Describe(ArcWhy why);
 
-// True for bans that exist only to save compute (a compute-intensive op; a non-fusible op under
-// the conservative policy): the budget sweep may lift them at a price. Every other ban is about
+// True for bans that exist only to save compute (a compute-intensive op; under the conservative
+// policy a non-fusible op or a shrinking reduction): the budget sweep may lift them at a price. Every other ban is about
 // correctness (inputs, seeds, tags, random/effectful ops, collectives) and stays +inf.
 bool IsCostOnlyBan(ArcWhy why);
 

@@ -117,6 +117,8 @@ const char* Describe(ArcWhy why) {
              "running it again repeats its effect or draws anew)";
     case ArcWhy::kBanComputeIntensive: return "cannot be recomputed: a compute-intensive op";
     case ArcWhy::kBanNotFusible: return "cannot be recomputed: not fusible (conservative policy)";
+    case ArcWhy::kBanShrinkingReduction:
+      return "cannot be recomputed: a reduction reading 4x its result or more (conservative policy)";
     case ArcWhy::kBanCollective: return "cannot be recomputed: a collective on a non-parameter";
     case ArcWhy::kSinkTangentClosure: return "must be computed in backward: depends on a tangent";
     case ArcWhy::kSinkBackwardOutput: return "must be available in backward: a gradient needs it";
@@ -126,13 +128,23 @@ const char* Describe(ArcWhy why) {
 }
 
 bool IsCostOnlyBan(ArcWhy why) {
-  return why == ArcWhy::kBanComputeIntensive || why == ArcWhy::kBanNotFusible;
+  return why == ArcWhy::kBanComputeIntensive || why == ArcWhy::kBanNotFusible ||
+         why == ArcWhy::kBanShrinkingReduction;
 }
 
 // Returns the reason v may not be recomputed, or false.
 namespace {
-bool BanReason(const JointGraphView& g, int64_t v, RecomputeTag tag, RematPolicy policy,
-               int64_t alias_of, ArcWhy* why) {
+// A reduction that reads at least 4x the bytes it writes: a norm's statistics, a softmax's or a
+// loss's max and log-sum-exp, a mean over a large axis.
+bool IsShrinkingReduction(const JointGraphView& g, const Adjacency& adj, int64_t v) {
+  if (ClassOf(g, v) != OpClass::kReduction) return false;
+  int64_t read = 0;
+  adj.ForEachProducer(v, [&](int64_t u) { read += g.bytes[u]; });
+  return g.bytes[v] * 4 < read;
+}
+
+bool BanReason(const JointGraphView& g, const Adjacency& adj, int64_t v, RecomputeTag tag,
+               RematPolicy policy, int64_t alias_of, ArcWhy* why) {
   const OpClass c = ClassOf(g, v);
   if (Has(g, v, kPrimal)) return *why = ArcWhy::kBanPrimal, true;
   if (Has(g, v, kForwardSeed)) return *why = ArcWhy::kBanSeed, true;
@@ -153,6 +165,12 @@ bool BanReason(const JointGraphView& g, int64_t v, RecomputeTag tag, RematPolicy
   if (c == OpClass::kGather) return *why = ArcWhy::kBanCollective, true;
   if (policy == RematPolicy::kConservative && !IsFusible(c))
     return *why = ArcWhy::kBanNotFusible, true;
+  // Saving it is cheap, and recomputing it runs its whole input again in the backward, often
+  // where nothing else needs that input any more (torch's partitioner bans the same: "reduction
+  // op"). A byte-only cut cannot see this: without the ban it recomputes norms and losses to
+  // save a few bytes and pays in backward time and in the backward's peak.
+  if (policy == RematPolicy::kConservative && IsShrinkingReduction(g, adj, v))
+    return *why = ArcWhy::kBanShrinkingReduction, true;
   return false;
 }
 
@@ -236,7 +254,7 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
     }
     if (info[v] & kRequiredBackward) net.Add(SplitOut(v), net.sink, kInf, ArcWhy::kSinkBackwardOutput);
     ArcWhy why;
-    if ((info[v] & kRequiredForward) && BanReason(g, v, tags[v], policy, alias_of[v], &why)) {
+    if ((info[v] & kRequiredForward) && BanReason(g, adj, v, tags[v], policy, alias_of[v], &why)) {
       if (costs.price_cost_bans && IsCostOnlyBan(why)) {
         net.priced_arc[v] = static_cast<int64_t>(net.tails.size());
         net.Add(net.source, SplitIn(v), 0.0, ArcWhy::kRecomputePrice);

@@ -52,7 +52,9 @@
 //   5. Cost: bytes, as above. PREFER_SAVE bans recomputation of untagged nodes.
 //
 // Policies: kConservative recomputes only fusible ops (views, casts, pointwise, cheap
-// reductions); kAggressive recomputes everything except random and compute-intensive ops.
+// reductions), and no reduction that reads 4x the bytes it writes or more (a norm's statistics,
+// a loss's log-sum-exp: cheap to save, a full pass over their input to recompute);
+// kAggressive recomputes everything except random and compute-intensive ops.
 // A recompute tag lifts both restrictions for its node (it is how a checkpoint region asks to
 // recompute a matmul).
 //

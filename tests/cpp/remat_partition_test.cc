@@ -98,6 +98,49 @@ TEST(RematPartition, ChainOfPointwiseSavesOnlyTheInput) {
   EXPECT_EQ(g.Solve().saved_nodes, Ids({x}));
 }
 
+// RMSNorm, y = h * rsqrt(mean(h * h)) with h = x + 1: the backward needs h and the small
+// statistic. A byte-only cut saves x and recomputes the whole norm, statistic included, in the
+// backward; the conservative policy bans recomputing the shrinking reduction (it reads 256x
+// what it writes), so the statistic is saved beside x. The aggressive policy keeps the old cut.
+TEST(RematPartition, ConservativePolicySavesAShrinkingReductionsResult) {
+  GraphBuilder g;
+  const int64_t x = g.Primal(65536);
+  const int64_t t = g.Tangent(65536);
+  const int64_t h = g.Add(OpClass::kPointwise, {x}, 65536);
+  const int64_t sq = g.Add(OpClass::kPointwise, {h}, 65536);
+  const int64_t stat = g.Add(OpClass::kReduction, {sq}, 256);
+  const int64_t rs = g.Add(OpClass::kPointwise, {stat}, 256);
+  const int64_t y = g.Add(OpClass::kPointwise, {h, rs}, 65536);
+  const int64_t gy = g.Add(OpClass::kPointwise, {t, rs}, 65536);
+  const int64_t gh = g.Add(OpClass::kPointwise, {gy, h}, 65536);
+  g.fwd_outputs = {y};
+  g.bwd_outputs = {gh};
+
+  const PartitionResult conservative = g.Solve(RematPolicy::kConservative);
+  EXPECT_TRUE(conservative.node_info[stat] & kBanned);
+  ASSERT_EQ(conservative.saved_nodes.size(), 2u);
+  EXPECT_EQ(conservative.saved_nodes[0], x);
+  EXPECT_TRUE(conservative.saved_nodes[1] == stat || conservative.saved_nodes[1] == rs);
+
+  const PartitionResult aggressive = g.Solve(RematPolicy::kAggressive);
+  EXPECT_FALSE(aggressive.node_info[stat] & kBanned);
+  EXPECT_EQ(aggressive.saved_nodes, Ids({x}));
+
+  // A reduction that does not shrink its input 4x (a sum over a short axis) stays free to
+  // recompute.
+  GraphBuilder wide;
+  const int64_t wx = wide.Primal(65536);
+  const int64_t wt = wide.Tangent(65536);
+  const int64_t wh = wide.Add(OpClass::kPointwise, {wx}, 65536);
+  const int64_t wsum = wide.Add(OpClass::kReduction, {wh}, 32768);
+  const int64_t wy = wide.Add(OpClass::kPointwise, {wsum}, 32768);
+  const int64_t wg = wide.Add(OpClass::kPointwise, {wt, wsum}, 65536);
+  wide.fwd_outputs = {wy};
+  wide.bwd_outputs = {wg};
+  const PartitionResult r = wide.Solve(RematPolicy::kConservative);
+  EXPECT_FALSE(r.node_info[wsum] & kBanned);
+}
+
 // ZeRO-3: y = x @ cast(gather(w)). Without marking, the gathered bf16 copy is the cheapest
 // save; with marking, the backward re-gathers from the parameter (its shard) itself.
 struct GatheredLinear {

@@ -1,0 +1,205 @@
+"""deepcompile-remat cut-quality: our partitioner against torch's, one process, no ZeRO-3.
+
+The product's cut must be no worse than torch's min-cut on any model a user compiles, sharded
+or not. This runs one training step (forward, backward) of each architecture twice per
+precision, compiled with the same backend, once with torch's min_cut_rematerialization_partition
+(RematConfig(enabled=False)) and once with ours, and reports the step's peak (the allocator's
+total over the step, above what was alive before it: the harness's one memory meter) and its
+median time. A row is a loss where ours is worse outside the tolerance (--tolerance, default
+2% on peak, 10% on time: this shared CPU moves +-10-20% between runs, so a time loss must be
+re-run before it is believed).
+
+Architectures are transformers' own classes built from small configs with random weights
+(decoder LMs, an encoder-decoder, an encoder, convolutional and patch-embedding vision models):
+the classes of op pattern a cut meets (norms, attention, convolutions and their layouts).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+
+NAME = "cut-quality"
+
+ARCHITECTURES = ("llama", "qwen2", "gpt2", "t5", "bert", "convnext", "resnet", "vit")
+PRECISIONS = ("fp32", "bf16")  # bf16: CPU autocast
+
+
+def _lm(cls_name: str, config_name: str, batch: int, seq: int, **config):
+    import torch
+    import transformers
+
+    model = getattr(transformers, cls_name)(getattr(transformers, config_name)(**config))
+    vocab = config.get("vocab_size", 512)
+
+    def inputs():
+        ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+        return {"input_ids": ids, "labels": ids}
+
+    return model, inputs
+
+
+def _vision(cls_name: str, config_name: str, batch: int, image: int, **config):
+    import torch
+    import transformers
+
+    model = getattr(transformers, cls_name)(getattr(transformers, config_name)(**config))
+    labels = config.get("num_labels", 10)
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return {"pixel_values": torch.randn(batch, 3, image, image, generator=g),
+                "labels": torch.randint(0, labels, (batch,), generator=g)}
+
+    return model, inputs
+
+
+def build(arch: str, scale: int = 1):
+    """(model in train mode with random weights, inputs() -> the step's keyword inputs) for an
+    architecture; scale multiplies the sequence (LMs) or the image side (vision)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    seq, image = 256 * scale, 64 * scale
+    lm = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=seq)
+    if arch == "llama":
+        model, inputs = _lm("LlamaForCausalLM", "LlamaConfig", 2, seq, **lm)
+    elif arch == "qwen2":
+        model, inputs = _lm("Qwen2ForCausalLM", "Qwen2Config", 2, seq, **lm)
+    elif arch == "gpt2":
+        model, inputs = _lm("GPT2LMHeadModel", "GPT2Config", 2, seq, vocab_size=512, n_embd=256,
+                            n_layer=2, n_head=4, n_positions=seq)
+    elif arch == "t5":
+        model, inputs = _lm("T5ForConditionalGeneration", "T5Config", 2, seq, vocab_size=512,
+                            d_model=256, d_kv=64, d_ff=688, num_layers=2, num_heads=4,
+                            decoder_start_token_id=0, dropout_rate=0.0)
+    elif arch == "bert":
+        model, inputs = _lm("BertForMaskedLM", "BertConfig", 2, seq, vocab_size=512,
+                            hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                            num_attention_heads=4, max_position_embeddings=seq,
+                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    elif arch == "convnext":
+        model, inputs = _vision("ConvNextForImageClassification", "ConvNextConfig", 4, image,
+                                hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 2, 1],
+                                num_labels=10)
+    elif arch == "resnet":
+        model, inputs = _vision("ResNetForImageClassification", "ResNetConfig", 4, image,
+                                embedding_size=32, hidden_sizes=[32, 64, 128, 256],
+                                depths=[1, 1, 1, 1], num_labels=10)
+    elif arch == "vit":
+        model, inputs = _vision("ViTForImageClassification", "ViTConfig", 4, image,
+                                image_size=image, patch_size=8, hidden_size=256,
+                                intermediate_size=688, num_hidden_layers=2,
+                                num_attention_heads=4, num_labels=10, hidden_dropout_prob=0.0,
+                                attention_probs_dropout_prob=0.0)
+    else:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {list(ARCHITECTURES)}")
+    return model.train(), inputs
+
+
+def measure(arch: str, partitioner: str, kind: str, precision: str, steps: int,
+            scale: int = 1) -> dict:
+    """One row: `partitioner` ("ours" or "torch") compiling `arch` with backend `kind` at
+    `precision`: the step's peak bytes above the start, median step s and CPU s."""
+    import torch
+
+    import deepcompile_remat as dcr
+    from deepcompile_remat.config import RematConfig
+    from dcr_bench.harness.memory import exact_cpu_counter, peak_over_profile, profiled
+
+    exact_cpu_counter()
+    # A warm compile cache would skip the partitioners being compared.
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, inputs = build(arch, scale)
+    run = torch.compile(model, backend=dcr.backend(kind, RematConfig(
+        enabled=partitioner == "ours")))
+    batch = inputs()
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = run(**batch).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step()  # compiles
+    step()
+    with profiled(profile_memory=True) as prof:
+        step()
+    peak = peak_over_profile(prof)
+    times, cpus = [], []
+    for _ in range(steps):
+        c0, t0 = time.process_time(), time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    del run, model
+    gc.collect()
+    return {"arch": arch, "partitioner": partitioner, "kind": kind, "precision": precision,
+            "peak_bytes": peak, "step_s": statistics.median(times),
+            "cpu_s": statistics.median(cpus)}
+
+
+def verdicts(rows: list, peak_tolerance: float, time_tolerance: float) -> list:
+    """One line per (arch, precision): torch's and ours' peak and step time, the ratios, and
+    "loss" where ours is worse than torch's beyond the tolerances."""
+    by_key = {}
+    for r in rows:
+        by_key.setdefault((r["arch"], r["kind"], r["precision"]), {})[r["partitioner"]] = r
+    out = []
+    for (arch, kind, precision), pair in by_key.items():
+        if set(pair) != {"ours", "torch"}:
+            continue
+        t, o = pair["torch"], pair["ours"]
+        peak_ratio = o["peak_bytes"] / t["peak_bytes"] if t["peak_bytes"] else 1.0
+        time_ratio = o["step_s"] / t["step_s"] if t["step_s"] else 1.0
+        losses = [w for w, bad in (("peak", peak_ratio > 1 + peak_tolerance),
+                                   ("time", time_ratio > 1 + time_tolerance)) if bad]
+        out.append({"arch": arch, "kind": kind, "precision": precision,
+                    "torch_peak_mb": t["peak_bytes"] / 2**20, "ours_peak_mb": o["peak_bytes"] / 2**20,
+                    "peak_ratio": peak_ratio, "torch_step_s": t["step_s"],
+                    "ours_step_s": o["step_s"], "time_ratio": time_ratio, "losses": losses})
+    return out
+
+
+def table(lines: list) -> str:
+    """The verdicts as a text table."""
+    head = (f"{'arch':<9}{'kind':<9}{'prec':<6}{'torch MB':>10}{'ours MB':>10}{'peak':>8}"
+            f"{'torch s':>9}{'ours s':>9}{'time':>8}  verdict")
+    rows = [head, "-" * len(head)]
+    for v in lines:
+        rows.append(f"{v['arch']:<9}{v['kind']:<9}{v['precision']:<6}{v['torch_peak_mb']:>10.1f}"
+                    f"{v['ours_peak_mb']:>10.1f}{(v['peak_ratio'] - 1) * 100:>+7.1f}%"
+                    f"{v['torch_step_s']:>9.3f}{v['ours_step_s']:>9.3f}"
+                    f"{(v['time_ratio'] - 1) * 100:>+7.1f}%  "
+                    f"{'loss: ' + ', '.join(v['losses']) if v['losses'] else 'ok'}")
+    return "\n".join(rows)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's flags."""
+    p.add_argument("--archs", nargs="+", choices=ARCHITECTURES, default=list(ARCHITECTURES))
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    p.add_argument("--kind", choices=("inductor", "eager"), default="inductor",
+                   help="the backend both partitioners compile with (default inductor)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (median)")
+    p.add_argument("--scale", type=int, default=1,
+                   help="sequence (x256) or image side (x64) multiplier")
+    p.add_argument("--peak-tolerance", type=float, default=0.02)
+    p.add_argument("--time-tolerance", type=float, default=0.10)
+    p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+
+
+def run(args) -> int:
+    """Our partitioner against torch's on transformers architectures: step peak and time."""
+    rows = [measure(arch, which, args.kind, precision, args.steps, args.scale)
+            for arch in args.archs for precision in args.precisions
+            for which in ("torch", "ours")]
+    lines = verdicts(rows, args.peak_tolerance, args.time_tolerance)
+    print(json.dumps(lines, indent=1) if args.json else table(lines))
+    return 0
