@@ -36,8 +36,9 @@ class RematConfig:
     Off means min_cut_rematerialization_partition, no ZeRO-3 marking, no graph passes, no
     reports."""
     policy: Policy = "conservative"
-    """conservative: recompute only fusible ops (pointwise, views, casts, cheap reductions).
-    aggressive: recompute everything except random and compute-intensive ops. A checkpoint
+    """conservative: recompute only fusible ops (pointwise, views, casts, cheap reductions),
+    never a reduction that reads 4x the bytes it writes or more (norm statistics, log-sum-exp:
+    saved instead, as torch's partitioner does). aggressive: recompute everything except random and compute-intensive ops. A checkpoint
     region's tags lift both for the ops they tag."""
     mark_parameter_aliases: bool = True
     """ZeRO-3: gathered weights (and their views and casts) are never saved for the backward,

@@ -30,6 +30,7 @@ stream order.
 from __future__ import annotations
 
 import contextlib
+import datetime
 from typing import List, Optional, Sequence
 
 import torch
@@ -51,16 +52,25 @@ class GatherHandle:
         self._done = False
 
     @property
+    def collectives(self) -> list:
+        """The collectives' works not yet waited for (empty once wait() returned)."""
+        return list(self._works)
+
+    @property
     def outputs(self) -> List[torch.Tensor]:
         """The outputs, allocated at once and readable only after wait()."""
         return self._outputs
 
-    def wait(self) -> List[torch.Tensor]:
+    def wait(self, timeout: Optional[datetime.timedelta] = None) -> List[torch.Tensor]:
         """Waits for every collective of the bucket (once; later calls return at once) and returns
-        the gathered outputs."""
+        the gathered outputs. timeout: at most that long per collective, as Work.wait (None: the
+        group's own timeout); a collective that times out raises the group's error."""
         if not self._done:
             for work in self._works:
-                work.wait()
+                if timeout is None:
+                    work.wait()
+                else:
+                    work.wait(timeout)
             self._works, self._done = [], True
         return self._outputs
 

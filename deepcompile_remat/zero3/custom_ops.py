@@ -122,39 +122,56 @@ def collectives_in_flight() -> int:
 EXIT_WAIT_S = 30.0  # how long, at interpreter exit, each collective still in flight is waited for
 
 
-def release_in_flight(wait: bool = True, timeout_s: Optional[float] = None) -> int:
+# What release_in_flight(keep=True) waited for at exit: held until the interpreter clears this
+# module, long after gloo's worker threads let go of the works (see release_in_flight).
+_kept_past_exit: list = []
+
+
+def release_in_flight(wait: bool = True, timeout_s: Optional[float] = None,
+                      keep: bool = False) -> int:
     """Drops every gather and reduce-scatter still in flight, so that no collective or work
     object of ours outlives the step that started it; returns how many there were. A step that
     raised between a start and its wait leaves one behind, holding the communicator's context:
     call this before dist.destroy_process_group(). wait=True first waits for each (timeout_s:
     at most that long each; None: the group's own timeout; every rank must have started the
     same collectives, else this blocks until then; a wait that fails or times out still drops
-    the work). At interpreter exit it runs through atexit, while the interpreter is whole,
-    waiting at most EXIT_WAIT_S per work: a gloo work left queued finishes on gloo's worker
-    thread, whose release of its tensors needs the GIL, and during finalization that thread is
-    killed inside a C++ destructor (std::terminate: "terminate called without an active
-    exception", SIGABRT; docs/DESIGN.md, "Exit"). The bound keeps a crashed peer from turning
-    into a hang at exit. A dropped reduce-scatter's gradient is never averaged: only a step
-    that raised leaves one, and its gradients are not to be used."""
+    the work). A dropped reduce-scatter's gradient is never averaged: only a step that raised
+    leaves one, and its gradients are not to be used.
+
+    At interpreter exit it runs through atexit, while the interpreter is whole, waiting at most
+    EXIT_WAIT_S per work (a crashed peer must not turn into a hang at exit), with keep=True:
+    gloo runs a work on a worker thread, which drops its own reference to the work just after
+    completing it, maybe after our wait has returned. If that reference is the last (ours were
+    dropped), the work's destructor runs on the worker thread and releases its tensors' Python
+    objects, which takes the GIL; once finalization has begun that ends the thread inside a C++
+    destructor: std::terminate, "terminate called without an active exception", SIGABRT
+    (docs/DESIGN.md, "Teardown"). So the works, their handles and tensors are kept referenced
+    from this module until the interpreter clears it: the worker's reference is then never the
+    last, and the destructors run on the main thread."""
     import datetime
 
-    works = list(_in_flight.values()) + [work for work, _, _ in _scatters_in_flight.values()]
+    entries = list(_in_flight.values()) + list(_scatters_in_flight.values())
     _in_flight.clear()
     _scatters_in_flight.clear()
+    # Every underlying work, taken before a wait (a handle forgets its works once waited).
+    works = [w for e in entries if e is not None  # None: a gather done at its start
+             for w in (e.collectives if hasattr(e, "collectives") else [e[0]])
+             if w is not None]
+    if keep:
+        _kept_past_exit.extend(entries + works)
     if wait:
         for work in works:
-            if work is not None:
-                try:
-                    if timeout_s is None:
-                        work.wait()
-                    else:
-                        work.wait(datetime.timedelta(seconds=timeout_s))
-                except RuntimeError:  # the group was destroyed or aborted under it, or timeout
-                    pass
-    return len(works)
+            try:
+                if timeout_s is None:
+                    work.wait()
+                else:
+                    work.wait(datetime.timedelta(seconds=timeout_s))
+            except RuntimeError:  # the group was destroyed or aborted under it, or timeout
+                pass
+    return len(entries)
 
 
-atexit.register(release_in_flight, wait=True, timeout_s=EXIT_WAIT_S)
+atexit.register(release_in_flight, wait=True, timeout_s=EXIT_WAIT_S, keep=True)
 
 
 def _key(full: torch.Tensor) -> int:

@@ -111,3 +111,28 @@ def test_release_in_flight_waits_a_gather_left_without_its_wait():
     allgather_cast_start and its wait): release_in_flight waits for it and drops it, so it is
     neither alive at destroy_process_group nor destroyed during interpreter finalization."""
     run_ranks(_start_without_wait, 2)
+
+
+def test_a_rank_that_exits_with_gathers_in_flight_exits_cleanly():
+    """Guards against the abort itself (issue 31), made likely: each rank starts four gathers,
+    never waits for them, and exits with its group still referenced. Before the fix 5 of 10
+    such runs had a rank die of SIGABRT ("terminate called without an active exception"): the
+    exit hook dropped the works (later: waited for them, then dropped them, 6 of 20), so gloo's
+    worker thread held the last reference and ran their destructors during finalization. Every
+    process must exit 0, in each of 6 runs."""
+    from dcr_bench.harness.ranks import free_port
+
+    script = os.path.join(os.path.dirname(__file__), "rank_leaving_gathers_in_flight.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    failures = []
+    for run in range(6):
+        port = str(free_port())
+        procs = [subprocess.Popen([sys.executable, script, str(r), "2", port], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(2)]
+        for r, p in enumerate(procs):
+            out, _ = p.communicate(timeout=300)
+            if p.returncode != 0:
+                failures.append(f"run {run} rank {r}: exit {p.returncode}: {out[-400:]}")
+    assert not failures, "\n".join(failures)
+
