@@ -357,6 +357,7 @@ class SixteenBitPartitions:
 
     @property
     def dropped(self) -> bool:
+        """Whether the 16-bit partitions are dropped now (meta placeholders in ds_tensor)."""
         return bool(self._originals)
 
     def _bring_back_before(self, owner, name: str) -> None:
@@ -371,6 +372,8 @@ class SixteenBitPartitions:
         setattr(owner, name, brought_back_first)
 
     def drop(self) -> None:
+        """Frees the 16-bit partitions (a write made to them since bring_back is first copied
+        into the master); each ds_tensor becomes a meta placeholder. No-op when dropped."""
         if self.dropped:
             return
         self._keep_writes()
@@ -383,6 +386,8 @@ class SixteenBitPartitions:
         _release(self.buffer)
 
     def bring_back(self) -> None:
+        """The 16-bit partitions back, rewritten from the fp32 master, and each ds_tensor
+        DeepSpeed's own again. No-op when they are there."""
         if not self.dropped:
             return
         _restore(self.buffer)
