@@ -123,7 +123,9 @@ def test_a_rank_that_exits_with_gathers_in_flight_exits_cleanly():
     from dcr_bench.harness.ranks import free_port
 
     script = os.path.join(os.path.dirname(__file__), "rank_leaving_gathers_in_flight.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "OMP_NUM_THREADS": "1",  # the product from this tree, installed or not
+           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     failures = []
     for run in range(6):
         port = str(free_port())
