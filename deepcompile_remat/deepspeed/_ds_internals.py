@@ -155,11 +155,18 @@ def reads_gradients_per_parameter(optimizer) -> bool:
     buffer itself or the sub-group's flat fp32 gradient: fp16 (its overflow check), optimizer
     offload, DeepSpeed's torch_autocast grad scaler, ZenFlow, Muon, a torch optimizer not known
     to be elementwise."""
-    return (optimizer.dtype != torch.float16 and not optimizer.offload_optimizer
-            and not getattr(optimizer, "torch_autocast_gradscaler", None)
-            and not getattr(optimizer, "zenflow", False)
-            and not getattr(optimizer, "use_muon", False)
+    return (optimizer.dtype != torch.float16 and _steps_the_torch_optimizer_itself(optimizer)
             and type(optimizer.optimizer) in ELEMENTWISE)
+
+
+def _steps_the_torch_optimizer_itself(optimizer) -> bool:
+    """Whether DeepSpeed's _optimizer_step is a plain torch optimizer.step() on the sub-group's
+    flat fp32 tensor, which step_without_copies may replace by a step over views of it: not
+    under optimizer offload, DeepSpeed's torch_autocast grad scaler, ZenFlow or Muon."""
+    return not (optimizer.offload_optimizer
+                or getattr(optimizer, "torch_autocast_gradscaler", None)
+                or getattr(optimizer, "zenflow", False)
+                or getattr(optimizer, "use_muon", False))
 
 
 def step_without_copies(optimizer, per_parameter: bool,
@@ -227,9 +234,7 @@ def step_without_copies(optimizer, per_parameter: bool,
         elif sub_group_id == 0 and lp_derived:
             _release(lp)
         hp = optimizer.fp32_partitioned_groups_flat[sub_group_id]
-        if per_parameter and take_per_parameter(sub_group_id, hp):
-            pass
-        else:
+        if not (per_parameter and take_per_parameter(sub_group_id, hp)):
             span = _one_span(optimizer.averaged_gradients[sub_group_id])
             if span is None or span.numel() != hp.numel() or span.device != hp.device:
                 prepare_original(sub_group_id)
@@ -284,8 +289,7 @@ def step_without_copies(optimizer, per_parameter: bool,
                 hp.grad = torch.cat([grad for _, grad in segments])  # no state yet: whole
                 del segments
                 step_original(sub_group_id)
-        elif (optimizer.offload_optimizer or getattr(optimizer, "torch_autocast_gradscaler", None)
-                or getattr(optimizer, "zenflow", False) or getattr(optimizer, "use_muon", False)
+        elif (not _steps_the_torch_optimizer_itself(optimizer)
                 or not step_in_chunks(inner, group_id, hp, chunk)):
             step_original(sub_group_id)
 

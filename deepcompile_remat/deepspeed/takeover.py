@@ -79,6 +79,10 @@ class Takeover:
     # "bf16"/"fp16": the leaves are the fp32 master, DeepSpeed's 16-bit partitions dropped
     sixteen_bit: Optional[ds.SixteenBitPartitions] = None
     optimizer: Any = None
+    # ds.master_slices, and the masters' storages they were taken from (sync redoes them only
+    # when DeepSpeed moved a master: offload/reload_states)
+    masters: dict = field(default_factory=dict)
+    masters_at: tuple = ()
     # Whether DeepSpeed's gradient slots are the backward's own gradients (no flat buffer)
     per_parameter_gradients: bool = False
 
@@ -104,9 +108,12 @@ class Takeover:
         (offload_states / reload_states, a checkpoint load that reallocates): the leaf must
         alias the live slice (of ds_tensor, or of the fp32 master); and drop the 16-bit
         partitions again if something of DeepSpeed's brought them back."""
-        masters = ds.master_slices(self.optimizer) if self.sixteen_bit is not None else {}
+        if self.sixteen_bit is not None:
+            at = tuple(m.data_ptr() for m in self.optimizer.fp32_partitioned_groups_flat)
+            if at != self.masters_at:
+                self.masters, self.masters_at = ds.master_slices(self.optimizer), at
         for p, leaf in self.leaves:
-            t = masters.get(p.ds_id, p.ds_tensor)
+            t = self.masters.get(p.ds_id, p.ds_tensor)
             if (leaf.data_ptr() != t.data_ptr() or leaf.dtype != t.dtype
                     or leaf.numel() != t.numel()):
                 leaf.data = t.data
@@ -195,7 +202,7 @@ def _hold_gradients_only_in_the_step(optimizer, sixteen_bit) -> bool:
     step, offload_states = optimizer.step, getattr(optimizer, "offload_states", None)
     epilogue = optimizer.independent_gradient_partition_epilogue
 
-    def before_reading(*args, **kwargs):
+    def before_reading():
         if per_parameter:
             ds.fill_unwritten_grad_partitions(optimizer)  # unused parameters: zeros
         else:

@@ -1,19 +1,15 @@
 """Our cut against torch's min-cut, one process, no ZeRO-3, on transformers' own architectures
 (issue 27, items 2 and 4): the backward recomputes no compute-intensive op and no shrinking
 reduction that torch's does not, with and without HF's activation checkpointing, and the step's
-peak is no higher. Compile caches are off in _backward_ops and measure (a warm cache would skip
+peak is no higher. Compile caches are off (cut_quality.compiled_step: a warm cache would skip
 both partitioners)."""
 import collections
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
-import deepcompile_remat as dcr  # noqa: E402
-from deepcompile_remat.config import RematConfig  # noqa: E402
-from dcr_bench.harness.models import enable_hf_checkpointing  # noqa: E402
-from dcr_bench.profile.cut_quality import build, measure, verdicts  # noqa: E402
+from dcr_bench.profile.cut_quality import compiled_step, measure, verdicts  # noqa: E402
 
 # What a backward spends its time in: matmuls, convolutions, attention (torch wraps a
 # recomputed attention in run_with_rng_state; ours runs it bare when it draws nothing).
@@ -23,19 +19,11 @@ REDUCTIONS = ("sum", "mean", "var", "var_mean", "amax", "amin", "logsumexp")
 
 
 def _backward_ops(arch, enabled, precision="fp32", checkpointing=False):
-    torch._inductor.config.fx_graph_cache = False
-    torch._functorch.config.enable_autograd_cache = False
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model, inputs = build(arch)
-    if checkpointing:
-        enable_hf_checkpointing(model, use_reentrant=False)
     backwards = []
-    run = torch.compile(model, backend=dcr.backend(
-        "eager", RematConfig(enabled=enabled), on_partition=lambda fw, bw, _: backwards.append(bw)))
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-        loss = run(**inputs()).loss
-    loss.backward()
+    step = compiled_step(arch, "ours" if enabled else "torch", "eager", precision,
+                         checkpointing=checkpointing,
+                         on_partition=lambda fw, bw, _: backwards.append(bw))
+    step()
     ops = collections.Counter()
     for bw in backwards:
         for n in bw.graph.nodes:

@@ -100,25 +100,28 @@ def build(arch: str, scale: int = 1):
     return model.train(), inputs
 
 
-def measure(arch: str, partitioner: str, kind: str, precision: str, steps: int,
-            scale: int = 1) -> dict:
-    """One row: `partitioner` ("ours" or "torch") compiling `arch` with backend `kind` at
-    `precision`: the step's peak bytes above the start, median step s and CPU s."""
+def compiled_step(arch: str, partitioner: str, kind: str, precision: str, *, scale: int = 1,
+                  checkpointing: bool = False, on_partition=None):
+    """A training step of `arch` compiled with backend `kind` and `partitioner`'s cut ("ours"
+    or "torch": RematConfig(enabled=False)), compile caches off (a warm cache would skip the
+    partitioners being compared): a function running forward and backward at `precision` and
+    releasing the gradients. checkpointing: HF's activation checkpointing on every layer;
+    on_partition: the backend's hook, called with each (forward, backward) module."""
     import torch
 
     import deepcompile_remat as dcr
     from deepcompile_remat.config import RematConfig
-    from dcr_bench.harness.memory import exact_cpu_counter, peak_over_profile, profiled
+    from dcr_bench.harness.models import enable_hf_checkpointing
 
-    exact_cpu_counter()
-    # A warm compile cache would skip the partitioners being compared.
     torch._inductor.config.fx_graph_cache = False
     torch._functorch.config.enable_autograd_cache = False
     torch._dynamo.reset()
     torch.manual_seed(0)
     model, inputs = build(arch, scale)
-    run = torch.compile(model, backend=dcr.backend(kind, RematConfig(
-        enabled=partitioner == "ours")))
+    if checkpointing:
+        enable_hf_checkpointing(model, use_reentrant=False)
+    run = torch.compile(model, backend=dcr.backend(
+        kind, RematConfig(enabled=partitioner == "ours"), on_partition=on_partition))
     batch = inputs()
 
     def step():
@@ -127,6 +130,17 @@ def measure(arch: str, partitioner: str, kind: str, precision: str, steps: int,
         loss.backward()
         model.zero_grad(set_to_none=True)
 
+    return step
+
+
+def measure(arch: str, partitioner: str, kind: str, precision: str, steps: int,
+            scale: int = 1) -> dict:
+    """One row: `partitioner` ("ours" or "torch") compiling `arch` with backend `kind` at
+    `precision`: the step's peak bytes above the start, median step s and CPU s."""
+    from dcr_bench.harness.memory import exact_cpu_counter, peak_over_profile, profiled
+
+    exact_cpu_counter()
+    step = compiled_step(arch, partitioner, kind, precision, scale=scale)
     step()  # compiles
     step()
     with profiled(profile_memory=True) as prof:
@@ -138,7 +152,7 @@ def measure(arch: str, partitioner: str, kind: str, precision: str, steps: int,
         step()
         times.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
-    del run, model
+    del step
     gc.collect()
     return {"arch": arch, "partitioner": partitioner, "kind": kind, "precision": precision,
             "peak_bytes": peak, "step_s": statistics.median(times),
