@@ -174,6 +174,21 @@ def release_in_flight(wait: bool = True, timeout_s: Optional[float] = None,
 atexit.register(release_in_flight, wait=True, timeout_s=EXIT_WAIT_S, keep=True)
 
 
+def barrier_before_exit(group=None) -> None:
+    """dist.barrier(group) for a rank about to exit: every rank reaches it, every earlier work
+    of the group has finished, and on gloo the process cannot then abort at exit. A gloo barrier
+    keeps weak references to the group's earlier works, and a work's memory, with its tensors,
+    is freed only when the last weak reference goes: when gloo's worker thread destroys the
+    barrier, just after running it. If the main thread has begun interpreter finalization by
+    then, freeing those tensors' Python objects needs the GIL and ends in std::terminate
+    (SIGABRT; docs/DESIGN.md, "Teardown"). So the barrier's work is kept referenced from this
+    module, as release_in_flight keeps its works at exit, and is freed on the main thread. Use
+    it where a plain dist.barrier() would end a rank's work, before destroy_process_group."""
+    work = dist.barrier(group=group, async_op=True)
+    work.wait()
+    _kept_past_exit.append(work)
+
+
 def _key(full: torch.Tensor) -> int:
     return full.untyped_storage().data_ptr()
 

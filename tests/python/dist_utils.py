@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 
 from dcr_bench.harness.ranks import RanksTimedOut, free_port, spawn_for_rows
-from deepcompile_remat.zero3.custom_ops import release_in_flight, resolve_group
+from deepcompile_remat.zero3.custom_ops import (barrier_before_exit, release_in_flight,
+                                                resolve_group)
 from deepcompile_remat.zero3.shard import specs_of
 
 
@@ -26,8 +27,9 @@ def _entry(rank, world, port, fn, args, backend="gloo"):
             # Drain every collective still queued on the group (gloo's barrier waits for all
             # prior work): DeepSpeed's prefetching gathers are never waited when no forward
             # follows, and a gloo work that finishes during interpreter finalization aborts the
-            # process (docs/DESIGN.md, "Exit").
-            dist.barrier()
+            # process. A plain dist.barrier() can abort it the same way (docs/DESIGN.md,
+            # "Teardown").
+            barrier_before_exit()
     finally:
         # No work of ours outlives the group; no wait: a rank that failed mid-step must not hang.
         release_in_flight(wait=False)
