@@ -103,6 +103,8 @@ def classify(node: fx.Node) -> OpClass:
         return OpClass.RANDOM
     recomputable, compute_intensive, random, views = _torch_op_lists()
     if isinstance(target, torch._ops.OpOverload):
+        if target.namespace == OP_NAMESPACE and target.name().endswith("secondary_shard"):
+            return OpClass.OTHER  # a copy out of a gathered weight, saved: not one of its aliases
         if target.namespace in GATHER_NAMESPACES:
             return OpClass.GATHER
         packet = target.overloadpacket

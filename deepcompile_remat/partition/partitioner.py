@@ -39,8 +39,9 @@ class PartitionHook(Protocol):
     """How a runtime adds graph passes around the cut without the partitioner knowing it
     (the ZeRO-3 runtime: zero3/hooks.py::Zero3Hooks)."""
 
-    def rewrite_joint(self, joint: fx.GraphModule) -> None:
-        """Rewrites the joint graph in place before it is cut."""
+    def rewrite_joint(self, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
+        """Rewrites the joint graph in place before it is cut (its first num_fwd_outputs
+        outputs are the forward's)."""
 
     def after_extract(self, fw: fx.GraphModule, bw: fx.GraphModule,
                       parameter_names: set[str]) -> tuple:
@@ -49,7 +50,8 @@ class PartitionHook(Protocol):
 
 
 def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig,
-                         hooks: Sequence[PartitionHook], torch_passes: bool) -> None:
+                         hooks: Sequence[PartitionHook], torch_passes: bool,
+                         num_fwd_outputs: int) -> None:
     """DCE and CSE (FX's and torch's rules, in place: dce.py, cse.py; FX's and torch's own
     passes with torch_passes), the hooks' joint rewrites, then torch's force-save rules."""
     if torch_passes:
@@ -63,7 +65,7 @@ def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig,
         if config.cse:
             cse.eliminate_common_subexpressions(joint_module.graph)
     for hook in hooks:
-        hook.rewrite_joint(joint_module)
+        hook.rewrite_joint(joint_module, num_fwd_outputs)
     from torch._functorch import partitioners as tp
 
     # torch's rules that must hold for correctness, whatever the cut: effectful ops and the
@@ -201,7 +203,7 @@ def _decide(graph, config: RematConfig):
 def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_lifetime_input_indices,
                            parameter_indices, hooks, torch_passes):
     t_start = time.perf_counter()
-    _prepare_joint_graph(joint_module, config, hooks, torch_passes)
+    _prepare_joint_graph(joint_module, config, hooks, torch_passes, num_fwd_outputs)
     t0 = time.perf_counter()
     static = list(static_lifetime_input_indices or ())
     graph = fx_export.export_joint_graph(

@@ -43,6 +43,11 @@
         hybrid sharding (zero3.shard(replicate_group=...)): the mean of a reduce-scattered
         gradient shard over the `replicas` ranks that hold the same shard on other replicas.
         The gather's backward issues it after the reduce-scatter (average_over_replicas).
+    sec = torch.ops.dcr.secondary_shard(full, parts, group_name)
+        node-local re-gathers (zero3.shard(secondary_group=...)): this rank's 1/parts slice of
+        a gathered weight, at its rank in the secondary group `group_name`, kept from the
+        forward; the backward re-gathers the weight from these slices within that group
+        (zero3/passes.py: regather_within_secondary).
 
 Every start is waited on in the graph that started it: nothing stays in flight across graphs
 or steps (the registries below are empty whenever no graph is running).
@@ -419,6 +424,44 @@ def _(grad_shard, replicas, group_name):
 
 
 allgather_cast.register_autograd(_backward, setup_context=_setup_context)
+
+
+# Node-local re-gathers (ZeRO++'s hpZ; zero3.shard(secondary_group=...)): shard group -> the
+# smaller group whose ranks keep, from each forward gather, one slice of the full weight (a
+# secondary shard), so the backward re-gathers within it. Keyed like _replicate_groups.
+_secondary_groups: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def set_secondary_group(group, secondary_group) -> None:
+    """Records that the backward re-gathers parameters sharded over `group` from secondary
+    shards within `secondary_group` (None: from the shards, over `group`). A group already
+    recorded with another secondary group is an error (its modules are compiled, or will be,
+    with the first)."""
+    if group in _secondary_groups and _secondary_groups[group] is not secondary_group:
+        raise ValueError(
+            f"deepcompile_remat.zero3.shard: the shard group {dist.get_process_group_ranks(group)}"
+            " already re-gathers within another secondary group; use another shard group "
+            "(dist.new_group) for modules with another secondary_group")
+    _secondary_groups[group] = secondary_group
+
+
+def secondary_group_of(group):
+    """The secondary group recorded for shard group `group` (None: none)."""
+    return _secondary_groups.get(group, None)
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::secondary_shard", mutates_args=())
+def secondary_shard(full: torch.Tensor, parts: int, group_name: str) -> torch.Tensor:
+    """This rank's slice of a gathered flat weight `full` cut into `parts` equal slices, the
+    slice at its rank in group `group_name` (the secondary group): a copy, so `full` can be
+    freed. dcr::allgather_cast of the slices over that group gives `full` back, bit for bit."""
+    n = full.numel() // parts
+    return full.narrow(0, dist.get_rank(resolve_group(group_name)) * n, n).clone()
+
+
+@secondary_shard.register_fake
+def _(full, parts, group_name):
+    return full.new_empty(full.numel() // parts)
 
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_bucket", mutates_args=())

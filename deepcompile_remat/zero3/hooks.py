@@ -3,7 +3,8 @@
     partition_fn = remat_partition_fn(config, hooks=[Zero3Hooks(config)])  # backends.py
 
 rewrite_joint runs on the joint graph before the cut (cast-before-gather, so the backward's
-re-gathers are downcast too); after_extract reorders the forward and backward graphs (the C++
+re-gathers are downcast too; node-local re-gathers from secondary shards, zero3/passes.py);
+after_extract points the backward's remaining re-gathers at the secondary shards, reorders the forward and backward graphs (the C++
 re-gather schedule, buckets, async prefetch), buckets the backward's small gradient
 reduce-scatters (zero3/grad_buckets.py), splits them into start/wait pairs that overlap the
 rest of the backward (zero3/scatter_overlap.py) and returns its figures for the report (one
@@ -20,7 +21,9 @@ import torch.fx as fx
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_values import OP_NAMESPACE
 from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
-from deepcompile_remat.zero3.passes import cast_before_gather
+from deepcompile_remat.zero3 import custom_ops
+from deepcompile_remat.zero3.passes import (cast_before_gather, read_secondary_in_backward,
+                                            regather_within_secondary)
 from deepcompile_remat.zero3.scatter_overlap import scatter_backends, split_reduce_scatters
 from deepcompile_remat.zero3.schedule import (ScheduleFigures, ScheduleOptions, schedule_gathers,
                                               use_async)
@@ -39,10 +42,14 @@ class Zero3Hooks:
         self.config = config
         self.schedule_options = ScheduleOptions.from_config(config)
 
-    def rewrite_joint(self, joint: fx.GraphModule) -> None:
-        """Cast-before-gather on the joint graph, when configured and there are gathers."""
-        if self.config.cast_before_gather and has_gathers(joint):
+    def rewrite_joint(self, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
+        """Cast-before-gather on the joint graph, when configured and there are gathers; then
+        the secondary shards of gathers whose shard group has a secondary group."""
+        if not has_gathers(joint):
+            return
+        if self.config.cast_before_gather:
             cast_before_gather(joint)
+        regather_within_secondary(joint, num_fwd_outputs, _secondary_of)
 
     def after_extract(self, fw: fx.GraphModule, bw: fx.GraphModule,
                       parameter_names: set[str]) -> tuple[ScheduleFigures, ...]:
@@ -53,10 +60,16 @@ class Zero3Hooks:
         if not (has_gathers(fw) or has_gathers(bw)):
             return ()
         figures = {tag: ScheduleFigures(graph=tag) for tag in ("fw", "bw")}
+        inside, held, _ = read_secondary_in_backward(bw)
+        figures["bw"] = ScheduleFigures(graph="bw", secondary_regathers=inside,
+                                        secondary_shard_bytes=held)
         if c.schedule_gathers:
             for tag, module in (("fw", fw), ("bw", bw)):
-                figures[tag] = schedule_gathers(module, self.schedule_options, graph=tag,
-                                                persistent_names=parameter_names)
+                figures[tag] = dataclasses.replace(
+                    schedule_gathers(module, self.schedule_options, graph=tag,
+                                     persistent_names=parameter_names),
+                    secondary_regathers=figures[tag].secondary_regathers,
+                    secondary_shard_bytes=figures[tag].secondary_shard_bytes)
         options = self.schedule_options
         buckets = bucket_reduce_scatters(bw, options.bucket_bytes)
         split, in_flight = 0, 0
@@ -67,3 +80,15 @@ class Zero3Hooks:
             figures["bw"], reduce_scatter_buckets=buckets, async_reduce_scatters=split,
             max_reduce_scatters_in_flight=in_flight)
         return tuple(figures.values())
+
+
+def _secondary_of(group_name: str):
+    """(k, name) of the secondary group recorded for shard group `group_name`, or None."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    secondary = custom_ops.secondary_group_of(custom_ops.resolve_group(group_name))
+    if secondary is None:
+        return None
+    return dist.get_world_size(secondary), secondary.group_name

@@ -6,12 +6,25 @@ gathered value and every view in between have no other user, becomes
 only half the bytes cross the wire; no fp32 full weight is ever built. The pass runs on the
 joint graph before the cut, so the backward's re-gathers (recomputed copies of the forward's)
 are cast-before-gather too.
+
+regather_within_secondary (joint graph) and read_secondary_in_backward (backward graph, after the
+cut): node-local re-gathers, ZeRO++'s hpZ, for shard groups with a secondary group
+(zero3.shard(secondary_group=...)). Each forward gather G keeps, beside the weight it gathers,
+this rank's 1/k slice of it (``dcr::secondary_shard``, k the secondary group's size, tagged
+MUST_SAVE): the forward hands it to the backward, where the weight is re-gathered from the k
+slices within the secondary group (tagged MUST_RECOMPUTE: never saved) instead of from the
+shards over the whole shard group. In the joint graph the backward's uses of G and of its views
+and casts move to that re-gather; after the cut, a gather the backward recomputes anyway (a
+forward op the cut recomputes needs its weight) reads the slice too. The slice is the gathered
+dtype's (bf16 under cast-before-gather or param_dtype): 2/k bytes per parameter held from the
+forward to the backward.
 """
 from __future__ import annotations
 
 import torch
 import torch.fx as fx
 
+from deepcompile_remat.fx_arrays import output_nodes
 from deepcompile_remat.fx_values import OPS, is_view
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -89,3 +102,111 @@ def cast_before_gather(gm: fx.GraphModule) -> int:
     if rewritten:
         gm.graph.lint()
     return rewritten
+
+
+# On a joint-graph gather that has a secondary shard (and on its copies in the extracted
+# graphs): (the secondary shard node's name, k, the secondary group's name).
+SECONDARY_META = "dcr_secondary"
+# On a secondary shard node (and the backward's placeholder for it): (k, secondary group name).
+SECONDARY_SHARD_META = "dcr_secondary_shard"
+
+
+def _needed_by(outputs: list) -> set:
+    """Every node `outputs` depend on, themselves included."""
+    seen, stack = set(), list(outputs)
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _aliases_of(gather: fx.Node) -> list:
+    """`gather` and the views and casts reached from it (the ZeRO-3 marking's parameter
+    aliases, less getitems), in graph order."""
+    found, frontier = {gather}, [gather]
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            if user not in found and user.args and user.args[0] is node and (
+                    is_view(user) or _cast_target_dtype(user) is not None):
+                found.add(user)
+                frontier.append(user)
+    order = {n: i for i, n in enumerate(gather.graph.nodes)}
+    return sorted(found, key=order.__getitem__)
+
+
+def regather_within_secondary(gm: fx.GraphModule, num_fwd_outputs: int, secondary_of) -> int:
+    """Rewrites the joint graph in place (module docstring); secondary_of(group_name) -> (k,
+    secondary group name) or None. Returns how many gathers now keep a secondary shard (those
+    whose weight the backward reads)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    graph = gm.graph
+    forward = _needed_by(output_nodes(gm, num_fwd_outputs)[0])
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    rewritten = 0
+    for gather in [n for n in graph.nodes if is_allgather_cast(n)]:
+        secondary = secondary_of(gather.args[2])
+        if secondary is None:
+            continue
+        parts, group_name = secondary
+        aliases = _aliases_of(gather)
+        members = set(aliases)
+        backward_uses = [(user, alias) for alias in aliases for user in alias.users
+                         if user not in members and user not in forward]
+        if not backward_uses:
+            continue
+        full = gather.meta["val"]
+        with graph.inserting_after(gather):
+            sec = graph.call_function(OPS.secondary_shard.default, (gather, parts, group_name))
+        sec.meta["val"] = full.new_empty(full.numel() // parts)
+        sec.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        sec.meta[SECONDARY_SHARD_META] = secondary
+        first = min((user for user, _ in backward_uses), key=order.__getitem__)
+        copies = {}
+        with graph.inserting_before(first):
+            regather = graph.call_function(OPS.allgather_cast.default,
+                                           (sec, parts, group_name, None))
+            regather.meta["val"] = full.new_empty(full.shape)
+            regather.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+            copies[gather] = regather
+            for alias in aliases[1:]:
+                new = graph.node_copy(alias, lambda n: copies.get(n, n))
+                new.meta.pop("recompute", None)  # a region's tag on the forward's copy
+                new.meta.pop("ac_graph_id", None)
+                copies[alias] = new
+        for user, alias in backward_uses:
+            user.replace_input_with(alias, copies[alias])
+        for alias in reversed(aliases[1:]):
+            if not copies[alias].users:
+                graph.erase_node(copies[alias])
+        gather.meta[SECONDARY_META] = (sec.name, parts, group_name)
+        rewritten += 1
+    if rewritten:
+        graph.lint()
+    return rewritten
+
+
+def read_secondary_in_backward(bw: fx.GraphModule) -> tuple[int, int, int]:
+    """After the cut: each gather the backward recomputes from a shard whose secondary shard
+    the forward handed over re-gathers from that slice instead. Returns (re-gathers from
+    secondary shards, bytes of the secondary shards the backward reads, gathers left over a
+    whole shard group)."""
+    secondaries = {n.name: n for n in bw.graph.find_nodes(op="placeholder")
+                   if SECONDARY_SHARD_META in n.meta}
+    inside = outside = 0
+    for node in [n for n in bw.graph.nodes if is_allgather_cast(n)]:
+        meta = node.meta.get(SECONDARY_META)
+        sec = secondaries.get(meta[0]) if meta else None
+        if sec is not None:
+            node.args, node.kwargs = (sec, meta[1], meta[2], None), {}
+            node.meta.pop("eager_input_vals", None)  # the shard's: inductor would check them
+        if node.args[0].name in secondaries and node.args[0] is secondaries[node.args[0].name]:
+            inside += 1
+        else:
+            outside += 1
+    held = sum(n.meta["val"].numel() * n.meta["val"].element_size()
+               for n in secondaries.values())
+    return inside, held, outside

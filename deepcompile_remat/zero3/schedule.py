@@ -58,6 +58,8 @@ class ScheduleFigures:
     reduce_scatter_buckets: int = 0             # bucketed gradient reduce-scatters (bw only)
     async_reduce_scatters: int = 0              # reduce-scatters split into start/wait (bw only)
     max_reduce_scatters_in_flight: int = 0      # most reduce-scatters outstanding at once
+    secondary_regathers: int = 0                # re-gathers from secondary shards (bw only)
+    secondary_shard_bytes: int = 0              # the secondary shards the forward hands over
 
 
 def _is_reshape_or_cast(node: fx.Node) -> bool:

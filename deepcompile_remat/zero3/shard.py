@@ -33,6 +33,13 @@ gradient is reduce-scattered within it and then averaged across the replicate gr
 all-reduce per gradient shard, custom_ops.average_over_replicas), so it is the mean over every
 data-parallel rank. The replicas start equal: shard() broadcasts the shards from the first rank
 of the replicate group, as DDP does, and gathered_parameters() does the same on exit.
+
+Node-local re-gathers (ZeRO++'s hpZ: ``shard(module, secondary_group=...)``, the secondary group
+being this rank's block of k consecutive ranks of the shard group, e.g. its node): the forward
+gathers over the shard group as always, and keeps 1/k of each gathered weight that the backward
+needs (a secondary shard, in the gathered dtype); the backward re-gathers each weight from the k
+secondary shards within the secondary group, so no re-gather leaves the node. The price is
+memory: 1/k of every such weight held from the forward to the backward (zero3/passes.py).
 """
 from __future__ import annotations
 
@@ -282,6 +289,28 @@ def _check_replicate_group(group, replicate_group) -> None:
             f"the replicate group holds the same shard on every other replica")
 
 
+def _check_secondary_group(group, secondary_group) -> None:
+    """The secondary group is this rank's block of k consecutive ranks of the shard group, k
+    a proper divisor of its size: then slice i of a gathered weight is what the secondary
+    group's rank i keeps, and gathering the k slices in that group's order gives it back."""
+    if dist.get_rank(secondary_group) < 0:  # new_group's stand-in for a group without us
+        raise ValueError(f"deepcompile_remat.zero3.shard: this rank ({dist.get_rank()}) is not "
+                         "a member of the secondary group")
+    ranks = dist.get_process_group_ranks(group)
+    secondary = dist.get_process_group_ranks(secondary_group)
+    k, world = len(secondary), len(ranks)
+    where = (f"the shard group {ranks} and the secondary group {secondary} (this rank: "
+             f"{dist.get_rank()})")
+    if k >= world or world % k:
+        raise ValueError(f"deepcompile_remat.zero3.shard: the secondary group's size ({k}) must "
+                         f"divide the shard group's ({world}) and be smaller: {where}")
+    block = ranks.index(dist.get_rank()) // k
+    if ranks[block * k:(block + 1) * k] != secondary:
+        raise ValueError(f"deepcompile_remat.zero3.shard: the secondary group must be this "
+                         f"rank's block of {k} consecutive ranks of the shard group, "
+                         f"{ranks[block * k:(block + 1) * k]}: {where}")
+
+
 def _replicate(module: nn.Module, group) -> None:
     """Broadcasts every shard from the first rank of the replicate group: the replicas start
     equal, as DDP's do (no-op without replicas)."""
@@ -290,14 +319,19 @@ def _replicate(module: nn.Module, group) -> None:
         _broadcast_parameters(module, replicate, 0)
 
 
-def shard(module: nn.Module, group=None, *, replicate_group=None, mesh=None, config=None,
-          param_dtype: Optional[torch.dtype] = None,
+def shard(module: nn.Module, group=None, *, replicate_group=None, mesh=None,
+          secondary_group=None, config=None, param_dtype: Optional[torch.dtype] = None,
           group_is_data_parallel: bool = False) -> nn.Module:
     """Shards `module`'s parameters in place over `group` (default: WORLD); returns it.
 
     Hybrid sharding (see the module docstring): replicate_group= the ranks holding the same
     shards on the other replicas, or mesh= a 2-D DeviceMesh (replicate, shard) in place of
     both groups (a 1-D mesh: the shard group).
+
+    Node-local re-gathers (ZeRO++'s hpZ; see the module docstring): secondary_group= this
+    rank's block of k consecutive ranks of the shard group (k < its size, dividing it; e.g.
+    the ranks of one node: `dist.new_subgroups(k)[0]`). Each compiled forward then keeps
+    1/k of every gathered weight the backward needs, and the backward re-gathers within it.
 
     param_dtype: mixed precision as FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype=
     float32) does it (see the module docstring): floating-point parameters are gathered in this
@@ -330,9 +364,13 @@ def shard(module: nn.Module, group=None, *, replicate_group=None, mesh=None, con
         _check_replicate_group(group, replicate_group)
     _check_group_is_data_parallel(group, group_is_data_parallel, replicate_group)
     _check_backend_serves(module, group)
+    if secondary_group is not None:
+        _check_secondary_group(group, secondary_group)
     settings = {"config passed to shard()": config is not None,
                 "param_dtype": str(param_dtype),
-                "replicas": 1 if replicate_group is None else dist.get_world_size(replicate_group)}
+                "replicas": 1 if replicate_group is None else dist.get_world_size(replicate_group),
+                "secondary group size": (0 if secondary_group is None
+                                         else dist.get_world_size(secondary_group))}
     if config is not None:
         settings.update({f"RematConfig.{k}": v for k, v in config.as_dict().items()})
     check_ranks_agree(settings, "deepcompile_remat.zero3.shard", group)
@@ -341,6 +379,7 @@ def shard(module: nn.Module, group=None, *, replicate_group=None, mesh=None, con
         check_ranks_agree(settings, "deepcompile_remat.zero3.shard", replicate_group)
         _check_ranks_agree(module, replicate_group)
     custom_ops.set_replicate_group(group, replicate_group)
+    custom_ops.set_secondary_group(group, secondary_group)
     _shard_modules(module, group, reuse={}, param_dtype=param_dtype)
     _replicate(module, group)
     if param_dtype is not None:

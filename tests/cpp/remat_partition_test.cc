@@ -303,6 +303,33 @@ TEST(RematPartition, MustSaveTag) {
   EXPECT_EQ(g.Solve().saved_nodes, Ids({c1}));
 }
 
+// The ZeRO-3 secondary shard: a slice copied out of a gathered weight, read only by the backward
+// (its re-gather within the node), tagged MUST_SAVE. No forward output needs it, yet the tag
+// pins it to the forward: it is saved, and the backward does not re-gather the weight from the
+// parameter to cut it again. Untagged, the same node is recomputed in the backward.
+TEST(RematPartition, MustSaveTagPinsABackwardOnlyValueToTheForward) {
+  for (const RecomputeTag tag : {RecomputeTag::kMustSave, RecomputeTag::kNone}) {
+    GraphBuilder g;
+    const int64_t w = g.Parameter();
+    const int64_t x = g.Primal();
+    const int64_t t = g.Tangent();
+    const int64_t gathered = g.Add(OpClass::kGather, {w}, 8192);
+    const int64_t y = g.Add(OpClass::kComputeIntensive, {x, gathered});
+    const int64_t secondary = g.Add(OpClass::kOther, {gathered}, 4096, 0, tag, -1);
+    const int64_t regathered =
+        g.Add(OpClass::kGather, {secondary}, 8192, 0, RecomputeTag::kMustRecompute, -1);
+    const int64_t b = g.Add(OpClass::kComputeIntensive, {t, regathered});
+    g.fwd_outputs = {y};
+    g.bwd_outputs = {b};
+    const PartitionResult r = g.Solve();
+    if (tag == RecomputeTag::kMustSave) {
+      EXPECT_EQ(r.saved_nodes, Ids({secondary}));
+    } else {
+      EXPECT_EQ(r.saved_nodes, Ids({w}));  // the shard: secondary and gather redone in backward
+    }
+  }
+}
+
 // MUST_SAVE on a gathered parameter contradicts ZeRO-3 marking: the error names the node and
 // every constraint on it.
 TEST(RematPartition, ConflictNamesTheChainAndTheReasons) {

@@ -1,0 +1,122 @@
+"""Node-local re-gathers (zero3.shard(secondary_group=...), ZeRO++'s hpZ) on 4 gloo ranks with
+secondary groups of 2 ({0,1}, {2,3}: "nodes" of two): training matches one unsharded process,
+every backward gather runs within the secondary group from a secondary shard the forward
+handed over, that shard is 1/2 of the gathered weight in the gathered dtype, and bad groups
+are refused."""
+import copy
+import functools
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import deepcompile_remat as dcr
+from deepcompile_remat import zero3
+from dcr_bench.harness.models import GPT
+from dist_utils import assert_trains_like_one_process, run_ranks
+from graph_checks import capture_partitions
+from test_zero3 import _train
+
+STEPS, GLOBAL_BATCH, NODE = 3, 8, 2
+GATHER_OPS = ("allgather_cast", "allgather_cast_start", "allgather_cast_bucket",
+              "allgather_cast_bucket_start")
+
+
+def _gathers(gm):
+    """(world size, group name, numel of each shard gathered) of every gather in `gm`."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and getattr(n.target, "namespace", None) == "dcr" and (
+                n.target._opname in GATHER_OPS):
+            shards = n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
+            out.append((n.args[1], n.args[2], [s.meta["val"].numel() for s in shards]))
+    return out
+
+
+def _secondary_training(rank, world, kind, autocast, checkpointing):
+    torch.manual_seed(0)
+    model = GPT(layers=2)
+    reference = copy.deepcopy(model)
+    batches = [torch.randint(0, 64, (GLOBAL_BATCH, 16)) for _ in range(STEPS)]
+    per_rank = GLOBAL_BATCH // world
+    local = [b[rank * per_rank:(rank + 1) * per_rank] for b in batches]
+
+    node, _ = dist.new_subgroups(NODE)
+    zero3.shard(model, secondary_group=node)
+    if checkpointing:  # each block a checkpoint region: its forward gathers are redone too
+        for block in model.blocks:
+            block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward,
+                                              use_reentrant=False)
+    run = torch.compile(model, backend=dcr.backend(kind))
+    with capture_partitions() as graphs:
+        losses = _train(model, local, autocast, run)
+    ref_losses = _train(reference, batches, autocast)
+    assert_trains_like_one_process(model, reference, losses, ref_losses, autocast, world)
+
+    assert graphs, "the partitioner did not run"
+    matrices = {p.numel() for p in model.parameters() if len(p.ds_shape) >= 2}
+    vectors = {p.numel() for p in model.parameters() if len(p.ds_shape) < 2} - matrices
+    for fw, bw, _ in graphs:
+        forward, backward = _gathers(fw), _gathers(bw)
+        assert forward and all(w == world and g == dist.group.WORLD.group_name
+                               for w, g, _ in forward), forward
+        # Every re-gather of a matrix stays in the node. Left on the world group: only vectors
+        # (biases) that no backward op reads, regathered to redo a forward op the cut recomputes
+        # (no secondary shard is kept for them: the joint graph shows no backward use).
+        assert any(w == NODE and g == node.group_name for w, g, _ in backward), backward
+        for w, g, numels in backward:
+            assert (w, g) == (NODE, node.group_name) or set(numels) <= vectors, backward
+    figures = [f for r in dcr.reports() for f in r.schedule if f.graph == "bw"]
+    assert figures and all(f.secondary_regathers > 0 for f in figures), figures
+    # The secondary shards: half of each gathered (padded) weight, in the gathered dtype:
+    # under autocast bf16 for the matmuls' weights (cast before the gather), fp32 for the
+    # norms' (autocast runs norms in fp32).
+    dtypes = {"bfloat16": 2, "float32": 4} if autocast else {"float32": 4}
+    weights = {p.numel() * world // NODE for p in model.parameters()}
+    for r in dcr.reports():
+        secondaries = [s for s in r.saved if s.name.startswith("secondary_shard")]
+        assert secondaries and all(s.dtype in dtypes and s.bytes // dtypes[s.dtype] in weights
+                                   for s in secondaries), secondaries
+        if autocast:
+            assert any(s.dtype == "bfloat16" for s in secondaries), secondaries
+        (bw,) = [f for f in r.schedule if f.graph == "bw"]
+        assert bw.secondary_shard_bytes == sum(s.bytes for s in secondaries)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["eager", "inductor"])
+def test_secondary_regathers_train_like_one_process(kind, autocast):
+    """Guards the node-local re-gather: a secondary shard sliced at the wrong offset, from the
+    wrong group rank, or gathered in the wrong order gives a wrong weight in the backward and
+    a wrong gradient within 3 steps; a re-gather left over the world group, or none kept, fails
+    the graph checks."""
+    run_ranks(_secondary_training, 4, kind, autocast, False)
+
+
+def test_secondary_regathers_under_activation_checkpointing():
+    """Guards the gathers the cut itself recomputes: under checkpointing the backward redoes
+    each block's forward, whose gathers must read the secondary shards too (after the cut),
+    not go back over the world group."""
+    run_ranks(_secondary_training, 4, "inductor", True, True)
+
+
+def _bad_secondary_groups(rank, world):
+    node, _ = dist.new_subgroups(NODE)
+    pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    with pytest.raises(ValueError, match="block of 2 consecutive ranks"):
+        zero3.shard(GPT(layers=1), secondary_group=pairs[rank % 2])
+    with pytest.raises(ValueError, match="must divide the shard group's"):
+        zero3.shard(GPT(layers=1), secondary_group=dist.group.WORLD)
+    with pytest.raises(ValueError, match="not a member of the secondary group"):
+        zero3.shard(GPT(layers=1), secondary_group=pairs[1 - rank % 2])
+    zero3.shard(GPT(layers=1), secondary_group=node)
+    with pytest.raises(ValueError, match="already re-gathers within another secondary group"):
+        zero3.shard(GPT(layers=1), secondary_group=None)
+
+
+def test_bad_secondary_groups_are_refused():
+    """Guards against a weight put together from the wrong slices: a secondary group that is
+    not this rank's block of consecutive shard-group ranks, one as large as the shard group,
+    one without this rank, and one shard group given two secondary settings, are errors
+    naming the groups."""
+    run_ranks(_bad_secondary_groups, 4)
