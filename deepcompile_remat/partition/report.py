@@ -87,7 +87,19 @@ class PartitionReport:
                 f"{self.prepare_s * 1e3:.1f} ms, export "
                 f"{self.export_s * 1e3:.1f} ms, solve {self.solve_s * 1e3:.1f} ms, extract "
                 f"{self.extract_s * 1e3:.1f} ms"
+                f"{self._secondary_summary()}"
                 f"{'; restored with a compile served from the cache' if self.from_cache else ''}")
+
+    def _secondary_summary(self) -> str:
+        """'; N backward re-gathers ...' where the ZeRO-3 runtime re-gathered within secondary
+        groups (zero3.shard(secondary_group=)); '' otherwise."""
+        figs = [f for f in self.schedule if getattr(f, "secondary_regathers", 0)]
+        if not figs:
+            return ""
+        return (f"; {sum(f.secondary_regathers for f in figs)} backward re-gathers "
+                f"({sum(f.secondary_regather_bytes for f in figs)} bytes) within the secondary "
+                f"group, from {sum(f.secondary_shard_bytes for f in figs)} bytes of secondary "
+                "shards kept since the forward")
 
 
 _lock = threading.Lock()

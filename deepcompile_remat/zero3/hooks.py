@@ -60,8 +60,9 @@ class Zero3Hooks:
         if not (has_gathers(fw) or has_gathers(bw)):
             return ()
         figures = {tag: ScheduleFigures(graph=tag) for tag in ("fw", "bw")}
-        inside, held, _ = read_secondary_in_backward(bw)
-        figures["bw"] = ScheduleFigures(graph="bw", secondary_regathers=inside,
+        regathers, gathered, held = read_secondary_in_backward(bw)
+        figures["bw"] = ScheduleFigures(graph="bw", secondary_regathers=regathers,
+                                        secondary_regather_bytes=gathered,
                                         secondary_shard_bytes=held)
         if c.schedule_gathers:
             for tag, module in (("fw", fw), ("bw", bw)):
@@ -69,6 +70,7 @@ class Zero3Hooks:
                     schedule_gathers(module, self.schedule_options, graph=tag,
                                      persistent_names=parameter_names),
                     secondary_regathers=figures[tag].secondary_regathers,
+                    secondary_regather_bytes=figures[tag].secondary_regather_bytes,
                     secondary_shard_bytes=figures[tag].secondary_shard_bytes)
         options = self.schedule_options
         buckets = bucket_reduce_scatters(bw, options.bucket_bytes)

@@ -192,21 +192,22 @@ def regather_within_secondary(gm: fx.GraphModule, num_fwd_outputs: int, secondar
 def read_secondary_in_backward(bw: fx.GraphModule) -> tuple[int, int, int]:
     """After the cut: each gather the backward recomputes from a shard whose secondary shard
     the forward handed over re-gathers from that slice instead. Returns (re-gathers from
-    secondary shards, bytes of the secondary shards the backward reads, gathers left over a
-    whole shard group)."""
+    secondary shards, the bytes they gather (full weights), the bytes of the secondary shards
+    the backward reads)."""
     secondaries = {n.name: n for n in bw.graph.find_nodes(op="placeholder")
                    if SECONDARY_SHARD_META in n.meta}
-    inside = outside = 0
+
+    def nbytes(node):
+        return node.meta["val"].numel() * node.meta["val"].element_size()
+
+    regathers = gathered = 0
     for node in [n for n in bw.graph.nodes if is_allgather_cast(n)]:
         meta = node.meta.get(SECONDARY_META)
         sec = secondaries.get(meta[0]) if meta else None
         if sec is not None:
             node.args, node.kwargs = (sec, meta[1], meta[2], None), {}
             node.meta.pop("eager_input_vals", None)  # the shard's: inductor would check them
-        if node.args[0].name in secondaries and node.args[0] is secondaries[node.args[0].name]:
-            inside += 1
-        else:
-            outside += 1
-    held = sum(n.meta["val"].numel() * n.meta["val"].element_size()
-               for n in secondaries.values())
-    return inside, held, outside
+        if secondaries.get(getattr(node.args[0], "name", None)) is node.args[0]:
+            regathers += 1
+            gathered += nbytes(node)
+    return regathers, gathered, sum(nbytes(n) for n in secondaries.values())

@@ -58,7 +58,9 @@ class ScheduleFigures:
     reduce_scatter_buckets: int = 0             # bucketed gradient reduce-scatters (bw only)
     async_reduce_scatters: int = 0              # reduce-scatters split into start/wait (bw only)
     max_reduce_scatters_in_flight: int = 0      # most reduce-scatters outstanding at once
-    secondary_regathers: int = 0                # re-gathers from secondary shards (bw only)
+    secondary_regathers: int = 0                # re-gathers from secondary shards (bw only),
+    secondary_regather_bytes: int = 0           # the full weights they gather: bytes that
+                                                # stay in the secondary group (the node)
     secondary_shard_bytes: int = 0              # the secondary shards the forward hands over
 
 

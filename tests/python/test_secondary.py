@@ -68,6 +68,13 @@ def _secondary_training(rank, world, kind, autocast, checkpointing):
             assert (w, g) == (NODE, node.group_name) or set(numels) <= vectors, backward
     figures = [f for r in dcr.reports() for f in r.schedule if f.graph == "bw"]
     assert figures and all(f.secondary_regathers > 0 for f in figures), figures
+    # What stays in the node: each re-gather's full (padded) weight, counted in the figures
+    # and the summary.
+    for r, (_, bw, _) in zip(dcr.reports(), graphs):
+        (fig,) = [f for f in r.schedule if f.graph == "bw"]
+        local = [numels for w, g, numels in _gathers(bw) if (w, g) == (NODE, node.group_name)]
+        assert fig.secondary_regathers >= len(local) > 0  # buckets join several
+        assert "within the secondary group" in r.summary()
     # The secondary shards: half of each gathered (padded) weight, in the gathered dtype:
     # under autocast bf16 for the matmuls' weights (cast before the gather), fp32 for the
     # norms' (autocast runs norms in fp32).
