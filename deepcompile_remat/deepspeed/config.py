@@ -188,8 +188,6 @@ def unsupported_by_takeover(settings: Mapping[str, Any]) -> list:
             problems.append(f"{key} (device {str(getattr(device, 'value', device))!r}) is not "
                             "supported: the takeover keeps parameters, gradients and optimizer "
                             "states where DeepSpeed's ZeRO-3 partitions them, on the accelerator")
-    if _more_than(settings.get("zero_optimization.zero_hpz_partition_size"), 1):
-        problems.append("zero_optimization.zero_hpz_partition_size > 1 (hpZ) is not supported")
     if _more_than(settings.get("zero_optimization.mics_shard_size"), 0):
         problems.append("zero_optimization.mics_shard_size > 0 (MiCS) is not supported")
     factor = settings.get("gradient_predivide_factor")

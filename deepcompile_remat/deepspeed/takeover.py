@@ -41,7 +41,9 @@ import torch.nn as nn
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.deepspeed import _ds_internals as ds
 from deepcompile_remat.deepspeed.config import unsupported_by_takeover
-from deepcompile_remat.zero3.shard import ShardSpec, attach_specs, gather, sharded_class, specs_of
+from deepcompile_remat.zero3 import custom_ops
+from deepcompile_remat.zero3.shard import (ShardSpec, attach_specs, check_secondary_group, gather,
+                                          sharded_class, specs_of)
 
 log = logging.getLogger(__name__)
 # The shard leaves each module gathers from (name -> leaf); _parameters keeps DeepSpeed's own.
@@ -85,6 +87,8 @@ class Takeover:
     masters_at: tuple = ()
     # Whether DeepSpeed's gradient slots are the backward's own gradients (no flat buffer)
     per_parameter_gradients: bool = False
+    # Parameters whose backward re-gathers within DeepSpeed's hpZ group (zero_hpz_partition_size)
+    hpz_params: list = field(default_factory=list)
 
     def __repr__(self) -> str:
         return (f"Takeover(backend={self.kind!r}, parameters={len(self.leaves)}, "
@@ -119,6 +123,8 @@ class Takeover:
                 leaf.data = t.data
         if self.sixteen_bit is not None:
             self.sixteen_bit.drop()
+        for p in self.hpz_params:  # DeepSpeed re-partitions after its own gathers (hpZ)
+            p.ds_secondary_tensor = None
 
 
 def check_supported(engine) -> None:
@@ -278,6 +284,26 @@ def _engine_compile(takeover: Takeover, compile_forward):
     return compile
 
 
+def _regather_within_hpz_groups(module) -> list:
+    """ZeRO++'s hpZ (zero_hpz_partition_size > 1) as our node-local re-gathers: each
+    parameter's data-parallel group re-gathers in the backward within DeepSpeed's hpZ group
+    (zero3.shard(secondary_group=) semantics: a secondary shard kept from the forward to the
+    backward only). DeepSpeed's own secondary partitions, which it keeps between steps and its
+    gathers (now ours) would read, are dropped. Returns the parameters that had an hpZ group."""
+    params = []
+    for p in module.parameters():
+        secondary = getattr(p, "ds_zero_param_process_group", None)
+        if secondary is None:
+            continue
+        group = p.ds_process_group if p.ds_process_group is not None else dist.group.WORLD
+        if custom_ops.secondary_group_of(group) is not secondary:
+            check_secondary_group(group, secondary)
+            custom_ops.set_secondary_group(group, secondary)
+        p.ds_secondary_tensor = None
+        params.append(p)
+    return params
+
+
 def take_over(engine, remat: RematConfig) -> Takeover:
     """Puts a stock ZeRO-3 engine's parameters under our traced gathers and compiles its
     module's forward with our backend (module docstring); returns what was attached."""
@@ -311,6 +337,7 @@ def take_over(engine, remat: RematConfig) -> Takeover:
                         released_fp32_bytes=released_fp32, sixteen_bit=sixteen_bit,
                         optimizer=optimizer)
     takeover.per_parameter_gradients = _hold_gradients_only_in_the_step(optimizer, sixteen_bit)
+    takeover.hpz_params = _regather_within_hpz_groups(module)
     leaves: dict = {}
     for mod in module.modules():
         names = tuple(n for n, p in mod._parameters.items() if p is not None)

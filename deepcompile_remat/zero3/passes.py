@@ -201,13 +201,24 @@ def read_secondary_in_backward(bw: fx.GraphModule) -> tuple[int, int, int]:
         return node.meta["val"].numel() * node.meta["val"].element_size()
 
     regathers = gathered = 0
+    first_from: dict = {}  # secondary shard -> its first re-gather in the backward
     for node in [n for n in bw.graph.nodes if is_allgather_cast(n)]:
         meta = node.meta.get(SECONDARY_META)
         sec = secondaries.get(meta[0]) if meta else None
         if sec is not None:
             node.args, node.kwargs = (sec, meta[1], meta[2], None), {}
             node.meta.pop("eager_input_vals", None)  # the shard's: inductor would check them
-        if secondaries.get(getattr(node.args[0], "name", None)) is node.args[0]:
-            regathers += 1
-            gathered += nbytes(node)
+        source = node.args[0]
+        if secondaries.get(getattr(source, "name", None)) is not source:
+            continue
+        if source in first_from:
+            # The joint graph's re-gather for the backward's own uses and the cut's recomputed
+            # gather for a forward op it redoes: one weight, gathered once (the earlier one
+            # comes before every user of either).
+            node.replace_all_uses_with(first_from[source])
+            bw.graph.erase_node(node)
+            continue
+        first_from[source] = node
+        regathers += 1
+        gathered += nbytes(node)
     return regathers, gathered, sum(nbytes(n) for n in secondaries.values())

@@ -289,7 +289,7 @@ def _check_replicate_group(group, replicate_group) -> None:
             f"the replicate group holds the same shard on every other replica")
 
 
-def _check_secondary_group(group, secondary_group) -> None:
+def check_secondary_group(group, secondary_group) -> None:
     """The secondary group is this rank's block of k consecutive ranks of the shard group, k
     a proper divisor of its size: then slice i of a gathered weight is what the secondary
     group's rank i keeps, and gathering the k slices in that group's order gives it back."""
@@ -365,7 +365,7 @@ def shard(module: nn.Module, group=None, *, replicate_group=None, mesh=None,
     _check_group_is_data_parallel(group, group_is_data_parallel, replicate_group)
     _check_backend_serves(module, group)
     if secondary_group is not None:
-        _check_secondary_group(group, secondary_group)
+        check_secondary_group(group, secondary_group)
     settings = {"config passed to shard()": config is not None,
                 "param_dtype": str(param_dtype),
                 "replicas": 1 if replicate_group is None else dist.get_world_size(replicate_group),

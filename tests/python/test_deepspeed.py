@@ -11,6 +11,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 pytest.importorskip("deepspeed",
                     reason="deepspeed is not installed (scripts/install.sh installs it)")
@@ -239,6 +240,40 @@ def test_gradient_accumulation_and_persistent_parameters_match_stock_zero3(optim
     run_ranks(_compare, 2, "bf16", "eager", 2, 10 ** 5, optimizer_class)
 
 
+def _hpz(rank, world):
+    rank_env(rank, world)
+    extra = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                   "zero_hpz_partition_size": 2}}
+    stock = _engine(_config("bf16", False, **extra))
+    ref_losses = _train(stock, rank, range(STEPS))
+    ref = full_fp32_params(stock)
+    ours = _engine(_config("bf16", True, **extra))
+    initial = full_fp32_params(ours)
+    secondary = next(ours.module.parameters()).ds_zero_param_process_group
+    assert dist.get_process_group_ranks(secondary) == [rank - rank % 2, rank - rank % 2 + 1]
+    assert len(ours.dcr_takeover.hpz_params) == len(list(ours.module.parameters()))
+    with capture_partitions() as graphs:
+        losses = _train(ours, rank, range(STEPS))
+    torch.testing.assert_close(losses, ref_losses, rtol=0, atol=1e-3)
+    assert_weights_match_and_moved(full_fp32_params(ours), ref, initial, atol=2e-3,
+                                   min_move=0.05)
+    # Every backward re-gather runs within the hpZ group, from secondary shards kept since the
+    # forward; DeepSpeed's own secondary partitions (kept between steps) are gone.
+    (graph,) = graphs
+    gathers = [(n.args[1], n.args[2]) for n in graph[1].graph.nodes
+               if n.op == "call_function" and "allgather_cast" in str(n.target)]
+    assert gathers and set(gathers) == {(2, secondary.group_name)}, gathers
+    assert all(p.ds_secondary_tensor is None for p in ours.module.parameters())
+    assert "within the secondary group" in dcr.reports()[-1].summary()
+
+
+def test_hpz_is_taken_over_as_node_local_regathers():
+    """zero_hpz_partition_size (ZeRO++'s hpZ) maps onto the runtime's node-local re-gathers:
+    4 ranks as 2 "nodes" of 2, the takeover trains like stock DeepSpeed with hpZ, and its
+    backward gathers only within DeepSpeed's hpZ group. Before: refused."""
+    run_ranks(_hpz, 4)
+
+
 def _sixteen_bit_readers(rank, world, path):
     rank_env(rank, world)
     import logging
@@ -422,7 +457,6 @@ def test_deepspeeds_own_deepcompile_key_is_not_taken_for_the_block():
      r"zero_optimization.offload_param \(device 'nvme'\)"),
     ({"cpu_offload": True}, {}, r"zero_optimization.offload_optimizer \(device 'cpu'\)"),
     ({"cpu_offload_param": True}, {}, r"zero_optimization.offload_param \(device 'cpu'\)"),
-    ({"zero_hpz_partition_size": 2}, {}, r"zero_hpz_partition_size > 1 \(hpZ\)"),
     ({"mics_shard_size": 2}, {}, r"mics_shard_size > 0 \(MiCS\)"),
     ({}, {"gradient_predivide_factor": 2.0}, r"gradient_predivide_factor 2.0 != 1.0"),
     ({"stage": 2}, {}, r"zero_optimization.stage is 2: deepcompile_remat takes over ZeRO stage "
@@ -430,8 +464,9 @@ def test_deepspeeds_own_deepcompile_key_is_not_taken_for_the_block():
 ])
 def test_unsupported_settings_are_refused_before_deepspeed_builds_the_engine(
         zero, top, named, stock_must_not_run):
-    """Before: offload, hpZ, MiCS or a predivide factor were refused only after
-    deepspeed.initialize had built the engine (minutes on a large model, then the error)."""
+    """Before: offload, MiCS or a predivide factor were refused only after
+    deepspeed.initialize had built the engine (minutes on a large model, then the error).
+    (hpZ is taken over since issue 30: test_hpz_is_taken_over_as_node_local_regathers.)"""
     from deepcompile_remat.deepspeed import initialize
 
     cfg = _config("bf16", True, **top)

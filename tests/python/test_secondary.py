@@ -66,6 +66,13 @@ def _secondary_training(rank, world, kind, autocast, checkpointing):
         assert any(w == NODE and g == node.group_name for w, g, _ in backward), backward
         for w, g, numels in backward:
             assert (w, g) == (NODE, node.group_name) or set(numels) <= vectors, backward
+        # Each weight once: the backward's own uses and a forward op the cut redoes share one
+        # re-gather (two would move its bytes twice).
+        sources = [s.name for n in bw.graph.nodes if n.op == "call_function"
+                   and getattr(n.target, "namespace", None) == "dcr"
+                   and n.target._opname in GATHER_OPS
+                   for s in (n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]])]
+        assert len(sources) == len(set(sources)), sources
     figures = [f for r in dcr.reports() for f in r.schedule if f.graph == "bw"]
     assert figures and all(f.secondary_regathers > 0 for f in figures), figures
     # What stays in the node: each re-gather's full (padded) weight, counted in the figures

@@ -81,15 +81,14 @@ def measure(hf_config, world: int, node_size: int, precision: str = "fp32",
     param_dtype = None if PRECISIONS[precision] is None else getattr(torch, PRECISIONS[precision])
     remat = dcr.RematConfig(mark_parameter_aliases=marking)
     facts = closed_form.parameter_facts(trace.meta_model(hf_config), param_dtype)
-    traced_at: dict[int, dict] = {}  # replicas -> phases (zero3 and hpz share the flat trace)
     rows = []
     for layout in layouts:
         replicas = ranks.nodes if layout == "hsdp" else 1
-        if replicas not in traced_at:
-            traced_at[replicas] = trace.trace_phases(
-                hf_config, world=world, param_dtype=param_dtype, remat=remat,
-                replicas=replicas, extrapolate=extrapolate)
-        traced = ring.layout_traffic(layout, traced_at[replicas], ranks)
+        secondary = node_size if layout == "hpz" else 1  # the runtime's node-local re-gathers
+        traced_phases = trace.trace_phases(
+            hf_config, world=world, param_dtype=param_dtype, remat=remat, replicas=replicas,
+            secondary=secondary, extrapolate=extrapolate)
+        traced = ring.layout_traffic(layout, traced_phases, ranks)
         formula = closed_form.closed_form(layout, facts, ranks)
         for t, f in zip(traced, formula):
             row = {"layout": layout, "phase": t.phase, "group": t.group,

@@ -122,15 +122,11 @@ def phase_traffic(layout: str, phase: str, buffer_bytes: float, collectives: int
 
 def layout_traffic(layout: str, phases: dict, ranks: Ranks) -> list[PhaseTraffic]:
     """Every phase of `layout` from traced phase totals (trace.PhaseBytes by phase): a flat
-    trace for zero3 and hpz, a hybrid-sharded one (a replica per node) for hsdp, whose replica
-    all-reduces the runtime issues after each reduce-scatter. hpz's backward re-gathers are
-    the flat trace's, each the same full buffer gathered from the node's G secondary shards
-    (ZeRO++ keeps them after the forward) instead of the world's primary ones: what this
-    runtime would do with them (it has no secondary shards yet)."""
+    trace for zero3, one with the runtime's node-local re-gathers (zero3.shard(
+    secondary_group=) over each node) for hpz, a hybrid-sharded one (a replica per node) for
+    hsdp, whose replica all-reduces the runtime issues after each reduce-scatter. Each
+    phase's traced group size must be the layout's (phase_traffic checks it)."""
     phases = dict(phases)
-    if layout == "hpz" and "backward re-gathers" in phases:
-        phases["backward re-gathers"] = dataclasses.replace(
-            phases["backward re-gathers"], group_size=ranks.node_size)
     out = []
     for phase in GROUPS[layout]:
         p = phases.get(phase)

@@ -34,7 +34,8 @@ PHASES = ("forward gathers", "backward re-gathers", "gradient reduce-scatters",
 _GATHERS = ("allgather_cast", "allgather_cast_start", "allgather_cast_bucket")
 _REDUCE_SCATTERS = ("reduce_scatter_grad", "reduce_scatter_grad_bucket")
 _REPLICA_ALL_REDUCES = ("allreduce_replicas",)  # hybrid sharding's, after each reduce-scatter
-_NOT_COLLECTIVES = ("allgather_cast_wait",)  # the second half of a start: no bytes of its own
+# The second half of a start: no bytes of its own; a secondary shard (hpZ): a local copy.
+_NOT_COLLECTIVES = ("allgather_cast_wait", "secondary_shard")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +143,22 @@ def fake_world(world: int):
         dist.destroy_process_group()
 
 
+def secondary_groups(world: int, size: int):
+    """Rank 0's secondary group when `world` ranks re-gather within blocks of `size`
+    consecutive ranks (its node: zero3.shard(secondary_group=), ZeRO++'s hpZ); every block is
+    created, as every rank of a real job creates them all."""
+    import torch.distributed as dist
+
+    return [dist.new_group(list(range(i, i + size))) for i in range(0, world, size)][0]
+
+
 def trace_collectives(hf_config, *, world: int, param_dtype: Optional[torch.dtype] = None,
-                      remat=None, replicas: int = 1, seq: int = 8) -> list[Collective]:
+                      remat=None, replicas: int = 1, secondary: int = 1,
+                      seq: int = 8) -> list[Collective]:
     """The collectives of one step of `hf_config`'s model sharded over `world` ranks (see the
     module docstring), or with replicas > 1 hybrid-sharded as zero3.shard does it: over
-    world / replicas ranks, replicated `replicas` times (hybrid_groups); remat: the
+    world / replicas ranks, replicated `replicas` times (hybrid_groups); secondary > 1: the
+    backward re-gathers within blocks of that many ranks (secondary_groups); remat: the
     RematConfig to compile with (default RematConfig())."""
     import deepcompile_remat as dcr
     from deepcompile_remat import zero3
@@ -159,8 +171,9 @@ def trace_collectives(hf_config, *, world: int, param_dtype: Optional[torch.dtyp
     with fake_world(world), patches[0], patches[1]:
         shard_group, replicate_group = (None, None) if replicas == 1 else \
             hybrid_groups(world, replicas)
+        secondary_group = None if secondary == 1 else secondary_groups(world, secondary)
         model = zero3.shard(meta_model(hf_config), shard_group, replicate_group=replicate_group,
-                            param_dtype=param_dtype)
+                            secondary_group=secondary_group, param_dtype=param_dtype)
         compiled = torch.compile(model, backend=dcr.backend(
             "eager", remat, on_partition=lambda fw, bw, _inputs: graphs.append((fw, bw))))
         ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
@@ -198,12 +211,13 @@ def extrapolate_layers(one: dict[str, PhaseBytes], two: dict[str, PhaseBytes],
 
 
 def trace_phases(hf_config, *, world: int, param_dtype: Optional[torch.dtype] = None,
-                 remat=None, replicas: int = 1, extrapolate: bool = False
+                 remat=None, replicas: int = 1, secondary: int = 1, extrapolate: bool = False
                  ) -> dict[str, PhaseBytes]:
     """phase -> PhaseBytes of one step of hf_config's model (all its layers), sharded over
     `world` ranks (hybrid with replicas > 1: trace_collectives): traced whole, or with
     extrapolate=True traced at 1 and 2 layers and extrapolated (see the module docstring)."""
-    kw = dict(world=world, param_dtype=param_dtype, remat=remat, replicas=replicas)
+    kw = dict(world=world, param_dtype=param_dtype, remat=remat, replicas=replicas,
+              secondary=secondary)
     if not extrapolate:
         return phase_totals(trace_collectives(hf_config, **kw))
     one = phase_totals(trace_collectives(with_layers(hf_config, 1), **kw))
