@@ -1,5 +1,5 @@
-"""Node-local re-gathers (zero3.shard(secondary_group=...), ZeRO++'s hpZ) on 4 gloo ranks with
-secondary groups of 2 ({0,1}, {2,3}: "nodes" of two): training matches one unsharded process,
+"""Node-local re-gathers (zero3.shard(secondary_group=...), ZeRO++'s hpZ) on 4 gloo ranks (8
+beside hybrid sharding) with secondary groups of 2 ({0,1}, {2,3}: "nodes" of two): training matches one unsharded process,
 every backward gather runs within the secondary group from a secondary shard the forward
 handed over, that shard is 1/2 of the gathered weight in the gathered dtype, and bad groups
 are refused."""
@@ -134,3 +134,39 @@ def test_bad_secondary_groups_are_refused():
     one without this rank, and one shard group given two secondary settings, are errors
     naming the groups."""
     run_ranks(_bad_secondary_groups, 4)
+
+
+def _secondary_inside_hybrid(rank, world):
+    torch.manual_seed(0)
+    model = GPT(layers=1)
+    reference = copy.deepcopy(model)
+    batches = [torch.randint(0, 64, (GLOBAL_BATCH, 16)) for _ in range(STEPS)]
+    per_rank = GLOBAL_BATCH // world
+    local = [b[rank * per_rank:(rank + 1) * per_rank] for b in batches]
+    # 8 ranks: 2 replicas (ranks 0-3, 4-7) x shard groups of 4, each made of 2 "nodes" of 2.
+    shards = [dist.new_group(list(range(i, i + 4))) for i in (0, 4)]
+    replicas = [dist.new_group([i, i + 4]) for i in range(4)]
+    node, _ = dist.new_subgroups(NODE)
+    zero3.shard(model, shards[rank // 4], replicate_group=replicas[rank % 4],
+                secondary_group=node)
+    run = torch.compile(model, backend=dcr.backend("eager"))
+    with capture_partitions() as graphs:
+        losses = _train(model, local, False, run)
+    assert_trains_like_one_process(model, reference, losses, _train(reference, batches, False),
+                                   False, world)
+    for fw, bw, _ in graphs:
+        assert {(w, g) for w, g, _ in _gathers(fw)} == {(4, shards[rank // 4].group_name)}
+        vectors = {p.numel() for p in model.parameters() if len(p.ds_shape) < 2}
+        assert (NODE, node.group_name) in {(w, g) for w, g, _ in _gathers(bw)}
+        assert all((w, g) == (NODE, node.group_name) or set(numels) <= vectors
+                   for w, g, numels in _gathers(bw)), _gathers(bw)
+        assert any(n.op == "call_function" and "allreduce_replicas" in str(n.target)
+                   for n in bw.graph.nodes)
+
+
+def test_secondary_regathers_inside_hybrid_sharding():
+    """Node-local re-gathers beside hybrid sharding (shard over 2 nodes, replicate across the
+    pairs, re-gather within each node), 8 ranks: trains like one process; the forward gathers
+    over the shard group, the backward re-gathers in the node and averages over the
+    replicas."""
+    run_ranks(_secondary_inside_hybrid, 8)
