@@ -51,6 +51,10 @@ enum NodeFlag : uint32_t {
   kRngReplayable = 1u << 9,     // seeded random op (Tag.nondeterministic_seeded): its forward
                                 // RNG state can be saved and replayed in the backward, so a
                                 // recomputation draws exactly what the forward drew
+  kPinnedToForward = 1u << 10,  // the cut treats it as a forward node (its bans on
+                                // recomputation apply) even where no forward output needs it:
+                                // a value computed for the backward only, from forward values
+                                // that the backward will not have (ZeRO-3's secondary shards)
 };
 
 // CheckpointPolicy tags from node.meta["recompute"] (torch.utils.checkpoint.CheckpointPolicy).

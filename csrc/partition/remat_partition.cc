@@ -254,11 +254,12 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
     }
     if (info[v] & kRequiredBackward) net.Add(SplitOut(v), net.sink, kInf, ArcWhy::kSinkBackwardOutput);
     ArcWhy why;
-    // A forward node may be banned from recomputation. So may a MUST_SAVE node that only the
-    // backward reads: the tag pins it to the forward (how the ZeRO-3 runtime hands the
-    // backward a secondary shard, cut from a gathered weight, that no forward output needs).
-    const bool pinnable = (info[v] & kRequiredForward) || tags[v] == RecomputeTag::kMustSave;
-    if (pinnable && BanReason(g, adj, v, tags[v], policy, alias_of[v], &why)) {
+    // Forward nodes may be banned from recomputation, and so may a node pinned to the forward
+    // that only the backward reads (how the ZeRO-3 runtime hands the backward a secondary
+    // shard, cut from a gathered weight, that no forward output needs). A cost-only ban is a
+    // price in the memory-budget sweep: there the cut may recompute it after all.
+    const bool forward = (info[v] & kRequiredForward) || Has(g, v, kPinnedToForward);
+    if (forward && BanReason(g, adj, v, tags[v], policy, alias_of[v], &why)) {
       if (costs.price_cost_bans && IsCostOnlyBan(why)) {
         net.priced_arc[v] = static_cast<int64_t>(net.tails.size());
         net.Add(net.source, SplitIn(v), 0.0, ArcWhy::kRecomputePrice);

@@ -49,7 +49,8 @@ void BindPartition(py::module_& m) {
       .value("SYM_INT", kSymInt)
       .value("SYM_FLOAT", kSymFloat)
       .value("MUST_BE_IN_BACKWARD", kMustBeInBackward)
-      .value("RNG_REPLAYABLE", kRngReplayable);
+      .value("RNG_REPLAYABLE", kRngReplayable)
+      .value("PINNED_TO_FORWARD", kPinnedToForward);
 
   py::enum_<RecomputeTag>(m, "RecomputeTag", py::arithmetic(),
                           "A node's CheckpointPolicy tag (node.meta['recompute']).")

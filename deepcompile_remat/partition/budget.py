@@ -102,6 +102,9 @@ def recompute_cost_of(node: fx.Node) -> float:
     C++ sweep's arithmetic stays exact (budget_cut.h, "Exactness")."""
     if node.op != "call_function":
         return 0.0
+    price = node.meta.get(fx_export.RECOMPUTE_PRICE)
+    if price is not None:  # a runtime's own estimate (fx_export.RECOMPUTE_PRICE)
+        return float(price)
     flops = _matmul_flops(node.target, node)
     if flops is None:
         flops = _attention_flops(node)

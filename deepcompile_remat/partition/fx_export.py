@@ -26,6 +26,12 @@ _TAGS = {  # CheckpointPolicy -> the C++ tag
     CheckpointPolicy.PREFER_RECOMPUTE: _C.RecomputeTag.PREFER_RECOMPUTE,
 }
 _SYMINT_BYTES = 8
+# node.meta keys a runtime's joint-graph pass may set (the ZeRO-3 secondary shards do):
+# PIN_TO_FORWARD: the cut treats the node as a forward node even where no forward output needs
+# it (NodeFlag.PINNED_TO_FORWARD); RECOMPUTE_PRICE: what recomputing it costs in the memory-
+# budget sweep, in its flops units (budget.recompute_cost_of), in place of the op's own count.
+PIN_TO_FORWARD = "partition_pin_to_forward"
+RECOMPUTE_PRICE = "partition_recompute_price"
 
 
 def is_tangent(n: fx.Node) -> bool:
@@ -120,6 +126,8 @@ def export_joint_graph(
             f |= NodeFlag.FORWARD_SEED
         if node.op != "placeholder" and _must_be_in_backward(node):
             f |= NodeFlag.MUST_BE_IN_BACKWARD
+        if node.meta.get(PIN_TO_FORWARD):
+            f |= NodeFlag.PINNED_TO_FORWARD
         nbytes = 0.0
         val = node.meta.get("val", node.meta.get("tensor_meta"))
         if isinstance(val, torch.SymFloat):

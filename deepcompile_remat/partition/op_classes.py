@@ -104,7 +104,9 @@ def classify(node: fx.Node) -> OpClass:
     recomputable, compute_intensive, random, views = _torch_op_lists()
     if isinstance(target, torch._ops.OpOverload):
         if target.namespace == OP_NAMESPACE and target.name().endswith("secondary_shard"):
-            return OpClass.OTHER  # a copy out of a gathered weight, saved: not one of its aliases
+            # A copy out of a gathered weight, not one of its aliases; banned from
+            # recomputation at a price (it would take a re-gather across nodes).
+            return OpClass.COMPUTE_INTENSIVE
         if target.namespace in GATHER_NAMESPACES:
             return OpClass.GATHER
         packet = target.overloadpacket

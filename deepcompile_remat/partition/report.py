@@ -93,13 +93,16 @@ class PartitionReport:
     def _secondary_summary(self) -> str:
         """'; N backward re-gathers ...' where the ZeRO-3 runtime re-gathered within secondary
         groups (zero3.shard(secondary_group=)); '' otherwise."""
-        figs = [f for f in self.schedule if getattr(f, "secondary_regathers", 0)]
+        figs = [f for f in self.schedule if getattr(f, "secondary_regathers", 0)
+                or getattr(f, "secondary_dropped", 0)]
         if not figs:
             return ""
+        dropped = sum(f.secondary_dropped for f in figs)
         return (f"; {sum(f.secondary_regathers for f in figs)} backward re-gathers "
                 f"({sum(f.secondary_regather_bytes for f in figs)} bytes) within the secondary "
                 f"group, from {sum(f.secondary_shard_bytes for f in figs)} bytes of secondary "
-                "shards kept since the forward")
+                "shards kept since the forward"
+                + (f" ({dropped} not kept: the memory budget)" if dropped else ""))
 
 
 _lock = threading.Lock()

@@ -60,10 +60,10 @@ class Zero3Hooks:
         if not (has_gathers(fw) or has_gathers(bw)):
             return ()
         figures = {tag: ScheduleFigures(graph=tag) for tag in ("fw", "bw")}
-        regathers, gathered, held = read_secondary_in_backward(bw)
+        regathers, gathered, held, dropped = read_secondary_in_backward(bw)
         figures["bw"] = ScheduleFigures(graph="bw", secondary_regathers=regathers,
                                         secondary_regather_bytes=gathered,
-                                        secondary_shard_bytes=held)
+                                        secondary_shard_bytes=held, secondary_dropped=dropped)
         if c.schedule_gathers:
             for tag, module in (("fw", fw), ("bw", bw)):
                 figures[tag] = dataclasses.replace(
@@ -71,7 +71,8 @@ class Zero3Hooks:
                                      persistent_names=parameter_names),
                     secondary_regathers=figures[tag].secondary_regathers,
                     secondary_regather_bytes=figures[tag].secondary_regather_bytes,
-                    secondary_shard_bytes=figures[tag].secondary_shard_bytes)
+                    secondary_shard_bytes=figures[tag].secondary_shard_bytes,
+                    secondary_dropped=figures[tag].secondary_dropped)
         options = self.schedule_options
         buckets = bucket_reduce_scatters(bw, options.bucket_bytes)
         split, in_flight = 0, 0

@@ -26,6 +26,7 @@ import torch.fx as fx
 
 from deepcompile_remat.fx_arrays import output_nodes
 from deepcompile_remat.fx_values import OPS, is_view
+from deepcompile_remat.partition import fx_export
 
 aten, prims = torch.ops.aten, torch.ops.prims
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -109,6 +110,11 @@ def cast_before_gather(gm: fx.GraphModule) -> int:
 SECONDARY_META = "dcr_secondary"
 # On a secondary shard node (and the backward's placeholder for it): (k, secondary group name).
 SECONDARY_SHARD_META = "dcr_secondary_shard"
+# What not keeping a secondary shard costs, in the flops the memory-budget sweep prices
+# recomputation in: the weight's backward re-gather then crosses nodes, about all of its bytes
+# (the (W-1)/W of a ring over W ranks), at ~8000 flops a byte: an H100's ~400 TFLOP/s of bf16
+# matmuls against a 400 Gb/s NIC's 50 GB/s. Outside budget mode the shard is simply kept.
+FLOPS_PER_CROSSING_BYTE = 8000
 
 
 def _needed_by(outputs: list) -> set:
@@ -162,7 +168,12 @@ def regather_within_secondary(gm: fx.GraphModule, num_fwd_outputs: int, secondar
         with graph.inserting_after(gather):
             sec = graph.call_function(OPS.secondary_shard.default, (gather, parts, group_name))
         sec.meta["val"] = full.new_empty(full.numel() // parts)
-        sec.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        # Pinned to the forward, where a compute-intensive op's ban keeps it: saved. The
+        # memory-budget sweep may recompute it instead at its price (read_secondary_in_backward
+        # then re-gathers from the shard, over the shard group).
+        sec.meta[fx_export.PIN_TO_FORWARD] = True
+        sec.meta[fx_export.RECOMPUTE_PRICE] = (
+            full.numel() * full.element_size() * FLOPS_PER_CROSSING_BYTE)
         sec.meta[SECONDARY_SHARD_META] = secondary
         first = min((user for user, _ in backward_uses), key=order.__getitem__)
         copies = {}
@@ -189,17 +200,28 @@ def regather_within_secondary(gm: fx.GraphModule, num_fwd_outputs: int, secondar
     return rewritten
 
 
-def read_secondary_in_backward(bw: fx.GraphModule) -> tuple[int, int, int]:
+def read_secondary_in_backward(bw: fx.GraphModule) -> tuple[int, int, int, int]:
     """After the cut: each gather the backward recomputes from a shard whose secondary shard
-    the forward handed over re-gathers from that slice instead. Returns (re-gathers from
-    secondary shards, the bytes they gather (full weights), the bytes of the secondary shards
-    the backward reads)."""
+    the forward handed over re-gathers from that slice instead. A slice the cut did not keep
+    (a memory budget priced it away) would be cut again in the backward from a re-gather over
+    the shard group: that re-gather serves directly. Returns (re-gathers from secondary
+    shards, the bytes they gather (full weights), the bytes of the secondary shards the
+    backward reads, secondary shards dropped)."""
     secondaries = {n.name: n for n in bw.graph.find_nodes(op="placeholder")
                    if SECONDARY_SHARD_META in n.meta}
 
     def nbytes(node):
         return node.meta["val"].numel() * node.meta["val"].element_size()
 
+    dropped = 0
+    for sec in list(bw.graph.find_nodes(op="call_function", target=OPS.secondary_shard.default)):
+        full = sec.args[0]  # the recomputed gather (over the shard group)
+        for regather in [u for u in sec.users if is_allgather_cast(u)]:
+            regather.replace_all_uses_with(full)
+            bw.graph.erase_node(regather)
+        if not sec.users:
+            bw.graph.erase_node(sec)
+            dropped += 1
     regathers = gathered = 0
     first_from: dict = {}  # secondary shard -> its first re-gather in the backward
     for node in [n for n in bw.graph.nodes if is_allgather_cast(n)]:
@@ -221,4 +243,4 @@ def read_secondary_in_backward(bw: fx.GraphModule) -> tuple[int, int, int]:
         first_from[source] = node
         regathers += 1
         gathered += nbytes(node)
-    return regathers, gathered, sum(nbytes(n) for n in secondaries.values())
+    return regathers, gathered, sum(nbytes(n) for n in secondaries.values()), dropped

@@ -62,6 +62,7 @@ class ScheduleFigures:
     secondary_regather_bytes: int = 0           # the full weights they gather: bytes that
                                                 # stay in the secondary group (the node)
     secondary_shard_bytes: int = 0              # the secondary shards the forward hands over
+    secondary_dropped: int = 0                  # secondary shards a memory budget gave up
 
 
 def _is_reshape_or_cast(node: fx.Node) -> bool:

@@ -304,29 +304,27 @@ TEST(RematPartition, MustSaveTag) {
 }
 
 // The ZeRO-3 secondary shard: a slice copied out of a gathered weight, read only by the backward
-// (its re-gather within the node), tagged MUST_SAVE. No forward output needs it, yet the tag
-// pins it to the forward: it is saved, and the backward does not re-gather the weight from the
-// parameter to cut it again. Untagged, the same node is recomputed in the backward.
-TEST(RematPartition, MustSaveTagPinsABackwardOnlyValueToTheForward) {
-  for (const RecomputeTag tag : {RecomputeTag::kMustSave, RecomputeTag::kNone}) {
+// (its re-gather within the node), pinned to the forward (and banned from recomputation as a
+// compute-intensive op). No forward output needs it, yet it is saved, and the backward does not
+// re-gather the weight from the parameter to cut it again. Unpinned, the same node is
+// recomputed in the backward (from the parameter: the shard is what is saved).
+TEST(RematPartition, PinnedToForwardSavesABackwardOnlyValue) {
+  for (const bool pinned : {true, false}) {
     GraphBuilder g;
     const int64_t w = g.Parameter();
     const int64_t x = g.Primal();
     const int64_t t = g.Tangent();
     const int64_t gathered = g.Add(OpClass::kGather, {w}, 8192);
     const int64_t y = g.Add(OpClass::kComputeIntensive, {x, gathered});
-    const int64_t secondary = g.Add(OpClass::kOther, {gathered}, 4096, 0, tag, -1);
+    const int64_t secondary =
+        g.Add(OpClass::kComputeIntensive, {gathered}, 4096, pinned ? kPinnedToForward : 0u);
     const int64_t regathered =
         g.Add(OpClass::kGather, {secondary}, 8192, 0, RecomputeTag::kMustRecompute, -1);
     const int64_t b = g.Add(OpClass::kComputeIntensive, {t, regathered});
     g.fwd_outputs = {y};
     g.bwd_outputs = {b};
     const PartitionResult r = g.Solve();
-    if (tag == RecomputeTag::kMustSave) {
-      EXPECT_EQ(r.saved_nodes, Ids({secondary}));
-    } else {
-      EXPECT_EQ(r.saved_nodes, Ids({w}));  // the shard: secondary and gather redone in backward
-    }
+    EXPECT_EQ(r.saved_nodes, pinned ? Ids({secondary}) : Ids({w})) << pinned;
   }
 }
 

@@ -170,3 +170,44 @@ def test_secondary_regathers_inside_hybrid_sharding():
     over the shard group, the backward re-gathers in the node and averages over the
     replicas."""
     run_ranks(_secondary_inside_hybrid, 8)
+
+
+def _secondary_under_a_budget(rank, world, budget):
+    torch.manual_seed(0)
+    model = GPT(layers=2)
+    reference = copy.deepcopy(model)
+    batches = [torch.randint(0, 64, (GLOBAL_BATCH, 16)) for _ in range(STEPS)]
+    per_rank = GLOBAL_BATCH // world
+    local = [b[rank * per_rank:(rank + 1) * per_rank] for b in batches]
+    node, _ = dist.new_subgroups(NODE)
+    zero3.shard(model, secondary_group=node)
+    run = torch.compile(model, backend=dcr.backend("eager", dcr.RematConfig(memory_budget=budget)))
+    with capture_partitions() as graphs:
+        losses = _train(model, local, False, run)
+    assert_trains_like_one_process(model, reference, losses, _train(reference, batches, False),
+                                   False, world)
+    (rep,) = dcr.reports()
+    (fig,) = [f for f in rep.schedule if f.graph == "bw"]
+    (fw, bw, _), = graphs
+    kept = [s for s in rep.saved if s.name.startswith("secondary_shard")]
+    if budget == 0:
+        # The least memory: no secondary shard is kept, every weight is re-gathered from its
+        # shard over the world (once), and the report says so.
+        assert kept == [] and fig.secondary_regathers == 0 and fig.secondary_dropped > 0
+        assert {(w, g) for w, g, _ in _gathers(bw)} == {(world, dist.group.WORLD.group_name)}
+        assert "not kept: the memory budget" in rep.summary()
+        assert not any("secondary_shard" in str(n.target) for n in bw.graph.nodes)
+    else:
+        # A budget that fits them: every matrix's secondary shard is kept, as without one.
+        assert kept and fig.secondary_dropped == 0 and fig.secondary_regathers > 0
+        assert rep.budget.saved_bytes <= rep.budget.budget_bytes
+
+
+@pytest.mark.parametrize("budget", [0, 1.0])
+def test_a_memory_budget_bounds_the_secondary_shards(budget):
+    """memory_budget counts the secondary shards and may give them up: each is priced as the
+    re-gather across nodes it saves (FLOPS_PER_CROSSING_BYTE), so the sweep drops them only
+    where the budget needs their bytes, and then the backward re-gathers that weight from its
+    shard over the shard group. budget 0 (the least memory): none kept, training still equals
+    one process; budget 1.0 (the default cut's bytes): all kept."""
+    run_ranks(_secondary_under_a_budget, 4, budget)
