@@ -25,6 +25,14 @@ import torch.utils._pytree as pytree
 from deepcompile_remat import _C
 from deepcompile_remat.fx_values import is_alias, value_bytes
 
+# node.meta keys a runtime's joint-graph pass may set (the ZeRO-3 secondary shards do), read
+# when the graph is exported for the cut (partition/fx_export.py, partition/budget.py):
+# PIN_TO_FORWARD: the cut treats the node as a forward node even where no forward output needs
+# it (NodeFlag.PINNED_TO_FORWARD); RECOMPUTE_PRICE: what recomputing it costs in the memory-
+# budget sweep, in its flops units (budget.recompute_cost_of), in place of the op's own count.
+PIN_TO_FORWARD = "partition_pin_to_forward"
+RECOMPUTE_PRICE = "partition_recompute_price"
+
 
 @dataclass(frozen=True, slots=True)
 class GraphArrays:

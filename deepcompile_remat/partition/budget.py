@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from deepcompile_remat import _C
+from deepcompile_remat import _C, fx_arrays
 from deepcompile_remat.partition import cse, dce, fx_export
 
 aten = torch.ops.aten
@@ -102,8 +102,8 @@ def recompute_cost_of(node: fx.Node) -> float:
     C++ sweep's arithmetic stays exact (budget_cut.h, "Exactness")."""
     if node.op != "call_function":
         return 0.0
-    price = node.meta.get(fx_export.RECOMPUTE_PRICE)
-    if price is not None:  # a runtime's own estimate (fx_export.RECOMPUTE_PRICE)
+    price = node.meta.get(fx_arrays.RECOMPUTE_PRICE)
+    if price is not None:  # a runtime's own estimate (fx_arrays.RECOMPUTE_PRICE)
         return float(price)
     flops = _matmul_flops(node.target, node)
     if flops is None:

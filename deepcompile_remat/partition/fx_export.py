@@ -13,7 +13,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from deepcompile_remat import _C, fx_arrays
-from deepcompile_remat.fx_arrays import ExportedJointGraph, NodeFacts
+from deepcompile_remat.fx_arrays import PIN_TO_FORWARD, ExportedJointGraph, NodeFacts
 from deepcompile_remat.fx_values import value_bytes
 from deepcompile_remat.partition import extract
 from deepcompile_remat.partition.op_classes import OpClass, classify, draws_randomness
@@ -26,12 +26,6 @@ _TAGS = {  # CheckpointPolicy -> the C++ tag
     CheckpointPolicy.PREFER_RECOMPUTE: _C.RecomputeTag.PREFER_RECOMPUTE,
 }
 _SYMINT_BYTES = 8
-# node.meta keys a runtime's joint-graph pass may set (the ZeRO-3 secondary shards do):
-# PIN_TO_FORWARD: the cut treats the node as a forward node even where no forward output needs
-# it (NodeFlag.PINNED_TO_FORWARD); RECOMPUTE_PRICE: what recomputing it costs in the memory-
-# budget sweep, in its flops units (budget.recompute_cost_of), in place of the op's own count.
-PIN_TO_FORWARD = "partition_pin_to_forward"
-RECOMPUTE_PRICE = "partition_recompute_price"
 
 
 def is_tangent(n: fx.Node) -> bool:

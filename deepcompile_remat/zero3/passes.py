@@ -24,9 +24,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from deepcompile_remat.fx_arrays import output_nodes
+from deepcompile_remat.fx_arrays import PIN_TO_FORWARD, RECOMPUTE_PRICE, output_nodes
 from deepcompile_remat.fx_values import OPS, is_view
-from deepcompile_remat.partition import fx_export
 
 aten, prims = torch.ops.aten, torch.ops.prims
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -171,8 +170,8 @@ def regather_within_secondary(gm: fx.GraphModule, num_fwd_outputs: int, secondar
         # Pinned to the forward, where a compute-intensive op's ban keeps it: saved. The
         # memory-budget sweep may recompute it instead at its price (read_secondary_in_backward
         # then re-gathers from the shard, over the shard group).
-        sec.meta[fx_export.PIN_TO_FORWARD] = True
-        sec.meta[fx_export.RECOMPUTE_PRICE] = (
+        sec.meta[PIN_TO_FORWARD] = True
+        sec.meta[RECOMPUTE_PRICE] = (
             full.numel() * full.element_size() * FLOPS_PER_CROSSING_BYTE)
         sec.meta[SECONDARY_SHARD_META] = secondary
         first = min((user for user, _ in backward_uses), key=order.__getitem__)

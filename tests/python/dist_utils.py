@@ -1,4 +1,5 @@
 """Runs a test function on N ranks over gloo (the harness's rank spawner, a free local port)."""
+import copy
 import faulthandler
 import os
 
@@ -76,3 +77,16 @@ def assert_trains_like_one_process(model, reference, losses, ref_losses, autocas
     full = model.state_dict()  # gathered on every rank
     for name, ref in reference.state_dict().items():
         torch.testing.assert_close(full[name], ref, **tol, msg=lambda m: f"{name}: {m}")
+
+
+def gpt_and_batches(rank, world, layers=2, steps=3, global_batch=8, seq=16):
+    """(a seeded GPT, its unsharded copy: the one-process reference, `steps` global batches of
+    token ids, this rank's data-parallel slice of each)."""
+    from dcr_bench.harness.models import GPT
+
+    torch.manual_seed(0)
+    model = GPT(layers=layers)
+    reference = copy.deepcopy(model)
+    batches = [torch.randint(0, 64, (global_batch, seq)) for _ in range(steps)]
+    per_rank = global_batch // world
+    return model, reference, batches, [b[rank * per_rank:(rank + 1) * per_rank] for b in batches]

@@ -3,7 +3,6 @@ beside hybrid sharding) with secondary groups of 2 ({0,1}, {2,3}: "nodes" of two
 every backward gather runs within the secondary group from a secondary shard the forward
 handed over, that shard is 1/2 of the gathered weight in the gathered dtype, and bad groups
 are refused."""
-import copy
 import functools
 
 import pytest
@@ -13,11 +12,11 @@ import torch.distributed as dist
 import deepcompile_remat as dcr
 from deepcompile_remat import zero3
 from dcr_bench.harness.models import GPT
-from dist_utils import assert_trains_like_one_process, run_ranks
+from dist_utils import assert_trains_like_one_process, gpt_and_batches, run_ranks
 from graph_checks import capture_partitions
 from test_zero3 import _train
 
-STEPS, GLOBAL_BATCH, NODE = 3, 8, 2
+NODE = 2
 GATHER_OPS = ("allgather_cast", "allgather_cast_start", "allgather_cast_bucket",
               "allgather_cast_bucket_start")
 
@@ -34,12 +33,7 @@ def _gathers(gm):
 
 
 def _secondary_training(rank, world, kind, autocast, checkpointing):
-    torch.manual_seed(0)
-    model = GPT(layers=2)
-    reference = copy.deepcopy(model)
-    batches = [torch.randint(0, 64, (GLOBAL_BATCH, 16)) for _ in range(STEPS)]
-    per_rank = GLOBAL_BATCH // world
-    local = [b[rank * per_rank:(rank + 1) * per_rank] for b in batches]
+    model, reference, batches, local = gpt_and_batches(rank, world, layers=2)
 
     node, _ = dist.new_subgroups(NODE)
     zero3.shard(model, secondary_group=node)
@@ -137,12 +131,7 @@ def test_bad_secondary_groups_are_refused():
 
 
 def _secondary_inside_hybrid(rank, world):
-    torch.manual_seed(0)
-    model = GPT(layers=1)
-    reference = copy.deepcopy(model)
-    batches = [torch.randint(0, 64, (GLOBAL_BATCH, 16)) for _ in range(STEPS)]
-    per_rank = GLOBAL_BATCH // world
-    local = [b[rank * per_rank:(rank + 1) * per_rank] for b in batches]
+    model, reference, batches, local = gpt_and_batches(rank, world, layers=1)
     # 8 ranks: 2 replicas (ranks 0-3, 4-7) x shard groups of 4, each made of 2 "nodes" of 2.
     shards = [dist.new_group(list(range(i, i + 4))) for i in (0, 4)]
     replicas = [dist.new_group([i, i + 4]) for i in range(4)]
@@ -173,12 +162,7 @@ def test_secondary_regathers_inside_hybrid_sharding():
 
 
 def _secondary_under_a_budget(rank, world, budget):
-    torch.manual_seed(0)
-    model = GPT(layers=2)
-    reference = copy.deepcopy(model)
-    batches = [torch.randint(0, 64, (GLOBAL_BATCH, 16)) for _ in range(STEPS)]
-    per_rank = GLOBAL_BATCH // world
-    local = [b[rank * per_rank:(rank + 1) * per_rank] for b in batches]
+    model, reference, batches, local = gpt_and_batches(rank, world, layers=2)
     node, _ = dist.new_subgroups(NODE)
     zero3.shard(model, secondary_group=node)
     run = torch.compile(model, backend=dcr.backend("eager", dcr.RematConfig(memory_budget=budget)))
