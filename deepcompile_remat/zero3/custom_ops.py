@@ -87,10 +87,15 @@ class CommStats:
         cls.allgather_calls = cls.reduce_scatter_calls = cls.allreduce_calls = 0
 
 
+_resolved_a_group = False  # this process ran a collective of ours (see _at_exit)
+
+
 def resolve_group(group_name: str):
     """The process group registered under `group_name` (graphs carry groups by name)."""
     from torch.distributed.distributed_c10d import _resolve_process_group
 
+    global _resolved_a_group
+    _resolved_a_group = True
     return _resolve_process_group(group_name)
 
 
@@ -176,7 +181,26 @@ def release_in_flight(wait: bool = True, timeout_s: Optional[float] = None,
     return len(entries)
 
 
-atexit.register(release_in_flight, wait=True, timeout_s=EXIT_WAIT_S, keep=True)
+# At exit, after the waits: how long the main thread lets go of the GIL (see _at_exit).
+EXIT_YIELD_S = 0.05
+
+
+def _at_exit() -> None:
+    """The exit hook: release_in_flight(keep=True) (its docstring), then a short sleep. Gloo's
+    worker thread frees a finished work itself when our reference went first, and that free
+    can need the GIL (the work's tensors' Python objects; the thread-local state it captured,
+    which can hold Python objects). While the main thread runs Python right up to exit, such a
+    worker may still be waiting for the GIL when finalization begins, and then it aborts the
+    process (docs/DESIGN.md, "Teardown"). Sleeping releases the GIL: a waiting worker takes it
+    and finishes while the interpreter is whole."""
+    import time
+
+    release_in_flight(wait=True, timeout_s=EXIT_WAIT_S, keep=True)
+    if dist.is_available() and dist.is_initialized() or _resolved_a_group:
+        time.sleep(EXIT_YIELD_S)
+
+
+atexit.register(_at_exit)
 
 
 def barrier_before_exit(group=None) -> None:
