@@ -103,7 +103,7 @@ def classify(node: fx.Node) -> OpClass:
         return OpClass.RANDOM
     recomputable, compute_intensive, random, views = _torch_op_lists()
     if isinstance(target, torch._ops.OpOverload):
-        if target.namespace == OP_NAMESPACE and target.name().endswith("secondary_shard"):
+        if target.name() == f"{OP_NAMESPACE}::secondary_shard":
             # A copy out of a gathered weight, not one of its aliases; banned from
             # recomputation at a price (it would take a re-gather across nodes).
             return OpClass.COMPUTE_INTENSIVE

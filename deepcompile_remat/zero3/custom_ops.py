@@ -196,7 +196,7 @@ def _at_exit() -> None:
     import time
 
     release_in_flight(wait=True, timeout_s=EXIT_WAIT_S, keep=True)
-    if dist.is_available() and dist.is_initialized() or _resolved_a_group:
+    if _resolved_a_group or (dist.is_available() and dist.is_initialized()):
         time.sleep(EXIT_YIELD_S)
 
 

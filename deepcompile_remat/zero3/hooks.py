@@ -4,8 +4,8 @@
 
 rewrite_joint runs on the joint graph before the cut (cast-before-gather, so the backward's
 re-gathers are downcast too; node-local re-gathers from secondary shards, zero3/passes.py);
-after_extract points the backward's remaining re-gathers at the secondary shards, reorders the forward and backward graphs (the C++
-re-gather schedule, buckets, async prefetch), buckets the backward's small gradient
+after_extract points the backward's remaining re-gathers at the secondary shards, reorders the
+forward and backward graphs (the C++ re-gather schedule, buckets, async prefetch), buckets the backward's small gradient
 reduce-scatters (zero3/grad_buckets.py), splits them into start/wait pairs that overlap the
 rest of the backward (zero3/scatter_overlap.py) and returns its figures for the report (one
 ScheduleFigures per graph). Both do nothing
@@ -60,19 +60,12 @@ class Zero3Hooks:
         if not (has_gathers(fw) or has_gathers(bw)):
             return ()
         figures = {tag: ScheduleFigures(graph=tag) for tag in ("fw", "bw")}
+        # Before the schedule: it moves and buckets the re-gathers this points at the slices.
         regathers, gathered, held, dropped = read_secondary_in_backward(bw)
-        figures["bw"] = ScheduleFigures(graph="bw", secondary_regathers=regathers,
-                                        secondary_regather_bytes=gathered,
-                                        secondary_shard_bytes=held, secondary_dropped=dropped)
         if c.schedule_gathers:
             for tag, module in (("fw", fw), ("bw", bw)):
-                figures[tag] = dataclasses.replace(
-                    schedule_gathers(module, self.schedule_options, graph=tag,
-                                     persistent_names=parameter_names),
-                    secondary_regathers=figures[tag].secondary_regathers,
-                    secondary_regather_bytes=figures[tag].secondary_regather_bytes,
-                    secondary_shard_bytes=figures[tag].secondary_shard_bytes,
-                    secondary_dropped=figures[tag].secondary_dropped)
+                figures[tag] = schedule_gathers(module, self.schedule_options, graph=tag,
+                                                persistent_names=parameter_names)
         options = self.schedule_options
         buckets = bucket_reduce_scatters(bw, options.bucket_bytes)
         split, in_flight = 0, 0
@@ -81,7 +74,9 @@ class Zero3Hooks:
                                                      persistent_names=parameter_names)
         figures["bw"] = dataclasses.replace(
             figures["bw"], reduce_scatter_buckets=buckets, async_reduce_scatters=split,
-            max_reduce_scatters_in_flight=in_flight)
+            max_reduce_scatters_in_flight=in_flight, secondary_regathers=regathers,
+            secondary_regather_bytes=gathered, secondary_shard_bytes=held,
+            secondary_dropped=dropped)
         return tuple(figures.values())
 
 

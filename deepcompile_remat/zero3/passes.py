@@ -10,8 +10,9 @@ are cast-before-gather too.
 regather_within_secondary (joint graph) and read_secondary_in_backward (backward graph, after the
 cut): node-local re-gathers, ZeRO++'s hpZ, for shard groups with a secondary group
 (zero3.shard(secondary_group=...)). Each forward gather G keeps, beside the weight it gathers,
-this rank's 1/k slice of it (``dcr::secondary_shard``, k the secondary group's size, tagged
-MUST_SAVE): the forward hands it to the backward, where the weight is re-gathered from the k
+this rank's 1/k slice of it (``dcr::secondary_shard``, k the secondary group's size, pinned
+to the forward and banned from recomputation at a price a memory budget may pay): the forward
+hands it to the backward, where the weight is re-gathered from the k
 slices within the secondary group (tagged MUST_RECOMPUTE: never saved) instead of from the
 shards over the whole shard group. In the joint graph the backward's uses of G and of its views
 and casts move to that re-gather; after the cut, a gather the backward recomputes anyway (a

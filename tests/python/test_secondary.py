@@ -21,15 +21,18 @@ GATHER_OPS = ("allgather_cast", "allgather_cast_start", "allgather_cast_bucket",
               "allgather_cast_bucket_start")
 
 
-def _gathers(gm):
-    """(world size, group name, numel of each shard gathered) of every gather in `gm`."""
-    out = []
+def _gather_nodes(gm):
+    """(node, the shard nodes it gathers) of every gather in `gm` (single or bucket)."""
     for n in gm.graph.nodes:
         if n.op == "call_function" and getattr(n.target, "namespace", None) == "dcr" and (
                 n.target._opname in GATHER_OPS):
-            shards = n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
-            out.append((n.args[1], n.args[2], [s.meta["val"].numel() for s in shards]))
-    return out
+            yield n, n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
+
+
+def _gathers(gm):
+    """(world size, group name, numel of each shard gathered) of every gather in `gm`."""
+    return [(n.args[1], n.args[2], [s.meta["val"].numel() for s in shards])
+            for n, shards in _gather_nodes(gm)]
 
 
 def _secondary_training(rank, world, kind, autocast, checkpointing):
@@ -62,10 +65,7 @@ def _secondary_training(rank, world, kind, autocast, checkpointing):
             assert (w, g) == (NODE, node.group_name) or set(numels) <= vectors, backward
         # Each weight once: the backward's own uses and a forward op the cut redoes share one
         # re-gather (two would move its bytes twice).
-        sources = [s.name for n in bw.graph.nodes if n.op == "call_function"
-                   and getattr(n.target, "namespace", None) == "dcr"
-                   and n.target._opname in GATHER_OPS
-                   for s in (n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]])]
+        sources = [s.name for _, shards in _gather_nodes(bw) for s in shards]
         assert len(sources) == len(set(sources)), sources
     figures = [f for r in dcr.reports() for f in r.schedule if f.graph == "bw"]
     assert figures and all(f.secondary_regathers > 0 for f in figures), figures
