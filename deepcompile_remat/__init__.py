@@ -4,7 +4,8 @@ Public surface (__all__, and what dir() lists): RematConfig; partition_fn / make
 (AOTAutograd partitioners; a disabled config gives torch's own); backend(kind=None,
 config=None) for torch.compile (kind defaults to config.backend_kind); reports() /
 clear_reports() / PartitionReport; and the errors the product raises to users, all ValueError
-subclasses: PartitionConflictError, BudgetInfeasibleError, UnboundedCutError. The min-cut
+subclasses: PartitionConflictError, BudgetInfeasibleError, PeakTargetInfeasibleError,
+UnboundedCutError. The min-cut
 solver is deepcompile_remat.mincut; the C++ core is deepcompile_remat._C.
 
 `import deepcompile_remat` does not import torch: RematConfig and the errors come without it
@@ -16,7 +17,7 @@ from deepcompile_remat._C import (
     UnboundedCutError,
     __version__,
 )
-from deepcompile_remat.config import RematConfig
+from deepcompile_remat.config import PeakTargetInfeasibleError, RematConfig
 
 # The C++ core defines these errors (csrc/python/error_types.h); their Python documentation
 # is written here, once, whichever module re-exports them.
@@ -53,4 +54,4 @@ def __dir__():
 
 __all__ = ["__version__", "RematConfig", "partition_fn", "make_partition_fn", "backend",
            "reports", "clear_reports", "PartitionReport", "PartitionConflictError",
-           "BudgetInfeasibleError", "UnboundedCutError"]
+           "BudgetInfeasibleError", "PeakTargetInfeasibleError", "UnboundedCutError"]

@@ -98,6 +98,15 @@ class RematConfig:
     recomputes whatever costs the fewest flops while the saved bytes stay within the budget,
     always with the ZeRO-3 marking and the RNG rules. A byte budget below the smallest any
     legal cut reaches raises BudgetInfeasibleError naming that smallest one."""
+    peak_target: Optional[float] = field(default=None, metadata={"min": 0})
+    """Peak-target mode (partition/planner.py): None (default) is off. The simulated peak of
+    each compiled graph's forward and backward (its inputs, what it saves, its transients; the
+    memory simulator, csrc/memsim, over the final graphs): a number <= 1 is a fraction of the
+    ordinary cut's peak, a number > 1 is bytes. The planner picks the plan that recomputes
+    the least (re-gathers priced at their bytes) among the ordinary cut and the
+    memory-budget hulls with and without keeping gathered weights, whose peak fits. A target
+    no plan fits raises PeakTargetInfeasibleError naming the smallest peak one reaches. Not
+    with memory_budget."""
     backend: Optional[BackendKind] = None
     """The torch.compile backend kind: "inductor" or "eager" (the partitioned FX graphs run
     as they are). null: "inductor" unless the caller picks one (deepcompile_remat.backend(kind),
@@ -111,6 +120,12 @@ class RematConfig:
         for f in dataclasses.fields(self):
             value = _checked(f, hints[f.name], getattr(self, f.name))
             object.__setattr__(self, f.name, value)
+        if self.memory_budget is not None and self.peak_target is not None:
+            raise ValueError(
+                f"RematConfig.memory_budget ({self.memory_budget!r}) and "
+                f"RematConfig.peak_target ({self.peak_target!r}) are both set: set one. "
+                f"peak_target plans against the step's simulated peak; memory_budget bounds "
+                f"the bytes the forward saves.")
 
     @classmethod
     def from_dict(cls, block: Mapping[str, Any], *, where: str = "deepcompile_remat") -> "RematConfig":
@@ -143,6 +158,17 @@ class RematConfig:
         if out["parameter_indices"] is not None:
             out["parameter_indices"] = list(out["parameter_indices"])
         return out
+
+
+class PeakTargetInfeasibleError(ValueError):
+    """Raised when no plan's simulated peak fits RematConfig.peak_target (partition/planner.py);
+    `.min_bytes` holds the smallest simulated peak a plan reaches, which the message names too.
+    Defined here, beside the setting, so that importing it needs no torch. A subclass of
+    ValueError."""
+
+    def __init__(self, message: str, min_bytes: float) -> None:
+        super().__init__(message)
+        self.min_bytes = min_bytes
 
 
 def field_names() -> frozenset:

@@ -19,6 +19,7 @@ from dcr_bench.profile import command as profile_command
 from dcr_bench.profile import compare as compare_command
 from dcr_bench.profile import cut_quality as cut_quality_command
 from dcr_bench.profile import frontier as frontier_command
+from dcr_bench.profile import peak_plan as peak_plan_command
 from dcr_bench.traffic import command as traffic_command
 
 SUBCOMMANDS = {
@@ -26,6 +27,7 @@ SUBCOMMANDS = {
     compare_command.NAME: (compare_command.add_arguments, compare_command.run),
     frontier_command.NAME: (frontier_command.add_arguments, frontier_command.run),
     cut_quality_command.NAME: (cut_quality_command.add_arguments, cut_quality_command.run),
+    peak_plan_command.NAME: (peak_plan_command.add_arguments, peak_plan_command.run),
     bench_solver.NAME: (bench_solver.add_arguments, bench_solver.run),
     bench_partition.NAME: (bench_partition.add_arguments, bench_partition.run),
     bench_budget.NAME: (bench_budget.add_arguments, bench_budget.run),

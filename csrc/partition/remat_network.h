@@ -36,6 +36,7 @@ enum class ArcWhy : uint8_t {
   kBanNotFusible,
   kBanShrinkingReduction,
   kBanCollective,
+  kBanParameterGather,  // a gather of a parameter that the ZeRO-3 marking left unmarked
   kSinkTangentClosure,
   kSinkBackwardOutput,
   kRecomputePrice,  // budget sweep: a cost-only ban turned into a price (finite)
@@ -43,9 +44,12 @@ enum class ArcWhy : uint8_t {
 
 const char* Describe(ArcWhy why);
 
-// True for bans that exist only to save compute (a compute-intensive op; under the conservative
-// policy a non-fusible op or a shrinking reduction): the budget sweep may lift them at a price. Every other ban is about
-// correctness (inputs, seeds, tags, random/effectful ops, collectives) and stays +inf.
+// True for bans that exist only to save time: a compute-intensive op; under the conservative
+// policy a non-fusible op or a shrinking reduction; a gather of a parameter (with the ZeRO-3
+// marking off, running it again in the backward is a re-gather from the shard, as the marking
+// would force, so what bans it is the collective's time, not correctness). The budget sweep may
+// lift them at a price. Every other ban is about correctness (inputs, seeds, tags,
+// random/effectful ops, other collectives) and stays +inf.
 bool IsCostOnlyBan(ArcWhy why);
 
 struct NetworkCosts {

@@ -120,6 +120,8 @@ const char* Describe(ArcWhy why) {
     case ArcWhy::kBanShrinkingReduction:
       return "cannot be recomputed: a reduction reading 4x its result or more (conservative policy)";
     case ArcWhy::kBanCollective: return "cannot be recomputed: a collective on a non-parameter";
+    case ArcWhy::kBanParameterGather:
+      return "cannot be recomputed: a parameter gather, kept (ZeRO-3 marking off)";
     case ArcWhy::kSinkTangentClosure: return "must be computed in backward: depends on a tangent";
     case ArcWhy::kSinkBackwardOutput: return "must be available in backward: a gradient needs it";
     case ArcWhy::kRecomputePrice: return "recomputing it has a price (memory-budget sweep)";
@@ -129,7 +131,7 @@ const char* Describe(ArcWhy why) {
 
 bool IsCostOnlyBan(ArcWhy why) {
   return why == ArcWhy::kBanComputeIntensive || why == ArcWhy::kBanNotFusible ||
-         why == ArcWhy::kBanShrinkingReduction;
+         why == ArcWhy::kBanShrinkingReduction || why == ArcWhy::kBanParameterGather;
 }
 
 // Returns the reason v may not be recomputed, or false.
@@ -162,7 +164,11 @@ bool BanReason(const JointGraphView& g, const Adjacency& adj, int64_t v, Recompu
   if (IsRecomputeTag(tag) || alias_of >= 0) return false;  // checkpoint region / ZeRO-3 alias
   if (tag == RecomputeTag::kPreferSave) return *why = ArcWhy::kBanMustSave, true;
   if (c == OpClass::kComputeIntensive) return *why = ArcWhy::kBanComputeIntensive, true;
-  if (c == OpClass::kGather) return *why = ArcWhy::kBanCollective, true;
+  if (c == OpClass::kGather) {
+    bool of_parameter = false;
+    adj.ForEachProducer(v, [&](int64_t u) { of_parameter |= Has(g, u, kParameter); });
+    return *why = of_parameter ? ArcWhy::kBanParameterGather : ArcWhy::kBanCollective, true;
+  }
   if (policy == RematPolicy::kConservative && !IsFusible(c))
     return *why = ArcWhy::kBanNotFusible, true;
   // Saving it is cheap, and recomputing it runs its whole input again in the backward, often

@@ -26,7 +26,7 @@ import torch.fx as fx
 from deepcompile_remat import _C
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_values import OP_NAMESPACE, observed_bytes, symbolic_bytes
-from deepcompile_remat.partition import budget, cse, dce, extract, fx_export, report
+from deepcompile_remat.partition import budget, cse, dce, extract, fx_export, planner, report
 
 PartitionConflictError = _C.PartitionConflictError
 log = logging.getLogger(__name__)
@@ -210,24 +210,50 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
         joint_module, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=static,
         parameter_indices=parameter_indices)
     t1 = time.perf_counter()
-    saved_ids, node_info, budget_summary = _decide(graph, config)
-    t2 = time.perf_counter()
-
-    saved_nodes = [graph.nodes[i] for i in saved_ids]
-    saved_sym = [n for n in saved_nodes if extract.is_sym_node(n)]
-    saved_opaque = [n for n in saved_nodes if extract.is_opaque_node(n)]
-    saved_tensors = [n for n in saved_nodes if n not in saved_sym and n not in saved_opaque]
+    parameter_names = {graph.nodes[i].name
+                       for i in np.flatnonzero(graph.flags & _PARAMETER)}
     primals = [n for n in joint_module.graph.nodes if fx_export.is_primal(n)]
     static_nodes = {p for i, p in enumerate(primals) if i in set(static)}
     extract_modules = (extract.torch_extract_fwd_bwd_modules if torch_passes
                        else extract.extract_fwd_bwd_modules)
-    fw_module, bw_module = extract_modules(
-        joint_module, saved_tensors, saved_sym, saved_opaque, num_fwd_outputs=num_fwd_outputs,
-        static_lifetime_input_nodes=static_nodes)
-    parameter_names = {graph.nodes[i].name
-                       for i in np.flatnonzero(graph.flags & _PARAMETER)}
-    schedule = tuple(figures for hook in hooks
-                     for figures in hook.after_extract(fw_module, bw_module, parameter_names))
+
+    def build(saved_ids):
+        """(fw, bw, schedule figures, saved tensors, saved symbols): the modules of the cut
+        that saves saved_ids, after the hooks' passes."""
+        saved_nodes = [graph.nodes[i] for i in saved_ids]
+        saved_sym = [n for n in saved_nodes if extract.is_sym_node(n)]
+        saved_opaque = [n for n in saved_nodes if extract.is_opaque_node(n)]
+        saved_tensors = [n for n in saved_nodes if n not in saved_sym and n not in saved_opaque]
+        fw, bw = extract_modules(
+            joint_module, saved_tensors, saved_sym, saved_opaque,
+            num_fwd_outputs=num_fwd_outputs, static_lifetime_input_nodes=static_nodes)
+        figures = tuple(f for hook in hooks for f in hook.after_extract(fw, bw, parameter_names))
+        return fw, bw, figures, saved_tensors, saved_sym
+
+    plan_summary = None
+    if config.peak_target is None:
+        saved_ids, node_info, budget_summary = _decide(graph, config)
+        t2 = time.perf_counter()
+        built = build(saved_ids)
+    else:
+        t2 = time.perf_counter()
+        budget_summary = None
+        try:
+            chosen, plan_summary = planner.plan(
+                graph, peak_target=config.peak_target, policy=config.policy,
+                mark_parameter_aliases=config.mark_parameter_aliases,
+                build=lambda c: build(c.saved_ids), parameter_names=parameter_names,
+                num_fwd_outputs=num_fwd_outputs)
+        except PartitionConflictError as err:
+            raise PartitionConflictError(_conflict_message(err, graph)) from err
+        saved_ids, node_info, built = chosen.candidate.saved_ids, chosen.candidate.node_info, \
+            chosen.built
+        log.info("deepcompile_remat: peak target %.0f bytes: plan %s, simulated peak %.0f "
+                 "bytes (ordinary cut %.0f), recomputes %.3g flops; %d of %d plans simulated",
+                 plan_summary.target_bytes, plan_summary.family,
+                 plan_summary.predicted_peak_bytes, plan_summary.default_peak_bytes,
+                 plan_summary.recompute_cost, plan_summary.evaluated, plan_summary.candidates)
+    fw_module, bw_module, schedule, saved_tensors, saved_sym = built
     t3 = time.perf_counter()
 
     fw_names = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
@@ -256,7 +282,7 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
         prepare_s=t0 - t_start, export_s=t1 - t0, solve_s=t2 - t1, extract_s=t3 - t2,
         forward_ops=_ops_of(fw_module), backward_ops=_ops_of(bw_module),
         collectives=_collectives_of("fw", fw_module) + _collectives_of("bw", bw_module),
-        schedule=schedule, budget=budget_summary)
+        schedule=schedule, budget=budget_summary, plan=plan_summary)
     report.record(rep, config.keep_reports)
     return fw_module, bw_module
 

@@ -54,6 +54,7 @@ class PartitionReport:
     collectives: tuple[str, ...] = ()  # "fw|bw:op:dtype:numel" per gather / reduce-scatter
     schedule: tuple = ()  # per graph: the hooks' figures (zero3: schedule.ScheduleFigures)
     budget: BudgetSummary | None = None  # budget mode's decision; None: the ordinary cut
+    plan: object | None = None  # peak-target mode's decision (planner.PlanSummary); None: off
     # True: torch served this compile from its AOTAutograd cache, so nothing was partitioned in
     # this process; this is the report recorded when the cache entry was written (its timings
     # are that compile's). partition/report_cache.py keeps it beside the cache.

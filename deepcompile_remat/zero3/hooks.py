@@ -22,7 +22,8 @@ from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_values import OP_NAMESPACE
 from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
 from deepcompile_remat.zero3 import custom_ops
-from deepcompile_remat.zero3.passes import (cast_before_gather, read_secondary_in_backward,
+from deepcompile_remat.zero3.passes import (cast_before_gather, price_regathers,
+                                            read_secondary_in_backward,
                                             regather_within_secondary)
 from deepcompile_remat.zero3.scatter_overlap import scatter_backends, split_reduce_scatters
 from deepcompile_remat.zero3.schedule import (ScheduleFigures, ScheduleOptions, schedule_gathers,
@@ -49,6 +50,7 @@ class Zero3Hooks:
             return
         if self.config.cast_before_gather:
             cast_before_gather(joint)
+        price_regathers(joint)
         regather_within_secondary(joint, num_fwd_outputs, _secondary_of)
 
     def after_extract(self, fw: fx.GraphModule, bw: fx.GraphModule,

@@ -117,6 +117,24 @@ SECONDARY_SHARD_META = "dcr_secondary_shard"
 FLOPS_PER_CROSSING_BYTE = 8000
 
 
+def price_regathers(gm: fx.GraphModule) -> int:
+    """Sets each joint-graph gather's recompute price (fx_arrays.RECOMPUTE_PRICE): its full
+    weight's bytes at FLOPS_PER_CROSSING_BYTE, what running it again in the backward costs in
+    the budget sweep's flops. It matters only where the cut may choose between keeping a
+    gathered weight and re-gathering it (the ZeRO-3 marking off, in memory-budget or
+    peak-target mode: partition/planner.py); the marking forces the re-gather otherwise. One
+    price for every gather, pessimistic for a gather inside a node (NVLink moves ~9x the bytes
+    of a NIC): it errs towards keeping a weight gathered. Returns how many it priced."""
+    priced = 0
+    for node in gm.graph.nodes:
+        if is_allgather_cast(node):
+            full = node.meta["val"]
+            node.meta[RECOMPUTE_PRICE] = (
+                full.numel() * full.element_size() * FLOPS_PER_CROSSING_BYTE)
+            priced += 1
+    return priced
+
+
 def _needed_by(outputs: list) -> set:
     """Every node `outputs` depend on, themselves included."""
     seen, stack = set(), list(outputs)

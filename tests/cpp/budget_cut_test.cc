@@ -308,6 +308,46 @@ TEST(BudgetCut, ParameterAliasesNeverSavedRandomOpsNeverRecomputed) {
   EXPECT_GT(checked, 20);
 }
 
+// With the ZeRO-3 marking off, a gathered weight may be kept for the backward. What bans
+// re-gathering it is the collective's time, so the sweep prices it: its low end re-gathers the
+// parameter's weight (saves nothing of it), its high end keeps it. A gather of an activation
+// (not a parameter) is never run twice, at any budget.
+TEST(BudgetCut, ParameterGathersArePricedWithTheMarkingOff) {
+  GraphBuilder g;
+  const int64_t x = g.Primal(4);
+  const int64_t w = g.Parameter(4);
+  const int64_t full = g.Add(OpClass::kGather, {w}, 64, /*price=*/1000);
+  const int64_t y = g.Add(OpClass::kComputeIntensive, {x, full}, 8, 50);
+  const int64_t act = g.Add(OpClass::kGather, {y}, 32, 5);  // a collective on an activation
+  const int64_t z = g.Add(OpClass::kComputeIntensive, {act, full}, 8, 50);
+  g.fwd_outputs = {z};
+  const int64_t t = g.Tangent(8);
+  const int64_t gx = g.Add(OpClass::kComputeIntensive, {t, full, act}, 8);
+  g.bwd_outputs = {gx};
+  PartitionOptions o;
+  o.mark_parameter_aliases = false;
+  BudgetSolver s(g.View(), g.cost, o);
+  const BudgetHull& h = s.Hull();
+  ASSERT_EQ(h.vertices.size(), 2u);
+  const CutPoint& low = h.vertices.front();
+  const CutPoint& high = h.vertices.back();
+  auto has = [](const std::vector<int64_t>& ids, int64_t v) {
+    return std::find(ids.begin(), ids.end(), v) != ids.end();
+  };
+  EXPECT_TRUE(has(low.recomputed_nodes, full));   // re-gathered in the backward
+  EXPECT_FALSE(has(low.saved_nodes, full));
+  EXPECT_EQ(low.recompute_cost, 1000);
+  EXPECT_TRUE(has(high.saved_nodes, full));       // kept from the forward
+  EXPECT_EQ(high.recompute_cost, 0);
+  for (const CutPoint& p : h.vertices) {
+    EXPECT_TRUE(has(p.saved_nodes, act));
+    EXPECT_FALSE(has(p.recomputed_nodes, act));
+  }
+  // The default cut (no sweep) still keeps the gathered weight: the marking is off.
+  const PartitionResult cut = PartitionJointGraph(g.View(), o);
+  EXPECT_TRUE(has(cut.saved_nodes, full));
+}
+
 TEST(BudgetCut, DeterministicAndIndependentOfEdgeOrder) {
   std::mt19937 rng(9);
   for (int trial = 0; trial < 40; ++trial) {

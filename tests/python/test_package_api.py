@@ -34,12 +34,14 @@ def test_the_errors_users_catch_are_at_the_top():
     internal module (BudgetInfeasibleError was only in partition.budget): the top's names are
     the very classes the partitioner, the budget mode and the solver raise."""
     from deepcompile_remat import mincut
-    from deepcompile_remat.partition import budget, partitioner
+    from deepcompile_remat.partition import budget, partitioner, planner
 
     assert dcr.PartitionConflictError is partitioner.PartitionConflictError
     assert dcr.BudgetInfeasibleError is budget.BudgetInfeasibleError
     assert dcr.UnboundedCutError is mincut.UnboundedCutError
-    for err in (dcr.PartitionConflictError, dcr.BudgetInfeasibleError, dcr.UnboundedCutError):
+    assert dcr.PeakTargetInfeasibleError is planner.PeakTargetInfeasibleError
+    for err in (dcr.PartitionConflictError, dcr.BudgetInfeasibleError, dcr.UnboundedCutError,
+                dcr.PeakTargetInfeasibleError):
         assert issubclass(err, ValueError) and err.__doc__, err
     try:
         mincut.min_st_cut(2, [0], [1], [float("inf")], 0, 1)
@@ -57,7 +59,8 @@ def test_import_and_errors_need_no_torch():
         "import sys\n"
         "import deepcompile_remat as dcr\n"
         "from deepcompile_remat import (BudgetInfeasibleError, PartitionConflictError,\n"
-        "                               RematConfig, UnboundedCutError)\n"
+        "                               PeakTargetInfeasibleError, RematConfig,\n"
+        "                               UnboundedCutError)\n"
         "RematConfig(memory_budget=0)\n"
         "dir(dcr)\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"

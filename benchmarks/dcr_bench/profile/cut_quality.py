@@ -101,12 +101,13 @@ def build(arch: str, scale: int = 1):
 
 
 def compiled_step(arch: str, partitioner: str, kind: str, precision: str, *, scale: int = 1,
-                  checkpointing: bool = False, on_partition=None):
+                  checkpointing: bool = False, on_partition=None, config=None):
     """A training step of `arch` compiled with backend `kind` and `partitioner`'s cut ("ours"
     or "torch": RematConfig(enabled=False)), compile caches off (a warm cache would skip the
     partitioners being compared): a function running forward and backward at `precision` and
     releasing the gradients. checkpointing: HF's activation checkpointing on every layer;
-    on_partition: the backend's hook, called with each (forward, backward) module."""
+    on_partition: the backend's hook, called with each (forward, backward) module; config:
+    ours' RematConfig (default: the defaults)."""
     import torch
 
     import deepcompile_remat as dcr
@@ -120,8 +121,9 @@ def compiled_step(arch: str, partitioner: str, kind: str, precision: str, *, sca
     model, inputs = build(arch, scale)
     if checkpointing:
         enable_hf_checkpointing(model, use_reentrant=False)
-    run = torch.compile(model, backend=dcr.backend(
-        kind, RematConfig(enabled=partitioner == "ours"), on_partition=on_partition))
+    if config is None or partitioner != "ours":
+        config = RematConfig(enabled=partitioner == "ours")
+    run = torch.compile(model, backend=dcr.backend(kind, config, on_partition=on_partition))
     batch = inputs()
 
     def step():
@@ -134,13 +136,14 @@ def compiled_step(arch: str, partitioner: str, kind: str, precision: str, *, sca
 
 
 def measure(arch: str, partitioner: str, kind: str, precision: str, steps: int,
-            scale: int = 1) -> dict:
+            scale: int = 1, config=None) -> dict:
     """One row: `partitioner` ("ours" or "torch") compiling `arch` with backend `kind` at
-    `precision`: the step's peak bytes above the start, median step s and CPU s."""
+    `precision` (ours with `config`, default the defaults): the step's peak bytes above the
+    start, median step s and CPU s."""
     from dcr_bench.harness.memory import exact_cpu_counter, peak_over_profile, profiled
 
     exact_cpu_counter()
-    step = compiled_step(arch, partitioner, kind, precision, scale=scale)
+    step = compiled_step(arch, partitioner, kind, precision, scale=scale, config=config)
     step()  # compiles
     step()
     with profiled(profile_memory=True) as prof:

@@ -1,0 +1,106 @@
+"""deepcompile-remat peak-plan: peak-target mode, predicted against measured (one process).
+
+    deepcompile-remat peak-plan --archs llama t5 --targets 1.0 0.9 0.8 0.7
+
+For each architecture and precision, one training step compiled with the ordinary cut, then one
+per target with RematConfig(peak_target=T) (partition/planner.py). A row gives:
+  measured   the step's peak above what was alive before it (the harness's one memory meter:
+             cut_quality.measure), median step s and CPU s;
+  predicted  the planner's simulated step peak less the graph's inputs (parameters and batch,
+             alive before the step), the largest over the compiled graphs;
+  the plan   its family, the flops it recomputes, its gathered weights kept.
+A target no plan fits is a row saying so, with the smallest simulated peak the planner named.
+Without ZeRO-3 there are no gathers, so every plan is of the "re-gather" family (a cut of the
+memory-budget hull) or the ordinary one; bench-style ZeRO-3 runs go through `frontier`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from dcr_bench.profile.cut_quality import ARCHITECTURES, PRECISIONS, measure
+
+NAME = "peak-plan"
+
+
+def plan_row(arch: str, kind: str, precision: str, target, steps: int, scale: int) -> dict:
+    """One measured row for `target` (None: the ordinary cut)."""
+    from deepcompile_remat.config import RematConfig
+    from deepcompile_remat.partition import clear_reports, reports
+    from deepcompile_remat.partition.planner import PeakTargetInfeasibleError
+
+    clear_reports()
+    row = {"arch": arch, "kind": kind, "precision": precision, "target": target}
+    try:
+        row.update(measure(arch, "ours", kind, precision, steps, scale,
+                           config=RematConfig(peak_target=target)))
+    except Exception as e:  # dynamo wraps what the partitioner raises
+        cause = e
+        while cause is not None and not isinstance(cause, PeakTargetInfeasibleError):
+            cause = (getattr(cause, "inner_exception", None) or cause.__cause__
+                     or cause.__context__)
+        if cause is None:
+            raise
+        row.update(infeasible=True, min_peak_bytes=cause.min_bytes)
+        return row
+    plans = [r.plan for r in reports() if r.plan is not None]
+    if plans:
+        top = max(plans, key=lambda p: p.predicted_peak_bytes - p.inputs_bytes)
+        row.update(predicted_bytes=top.predicted_peak_bytes - top.inputs_bytes,
+                   family=top.family, recompute_flops=sum(p.recompute_cost for p in plans),
+                   kept_gathers=sum(p.kept_gathers for p in plans),
+                   evaluated=sum(p.evaluated for p in plans),
+                   candidates=sum(p.candidates for p in plans))
+    return row
+
+
+def table(rows: list) -> str:
+    """The rows as a text table (MB = 2**20 bytes)."""
+    head = (f"{'arch':<9}{'prec':<6}{'target':>8}{'meas MB':>9}{'pred MB':>9}{'err':>8}"
+            f"{'step s':>8}{'cpu s':>8}  plan")
+    out = [head, "-" * len(head)]
+    for r in rows:
+        t = "none" if r["target"] is None else f"{r['target']:g}"
+        if r.get("infeasible"):
+            out.append(f"{r['arch']:<9}{r['precision']:<6}{t:>8}  infeasible: smallest "
+                       f"simulated peak {r['min_peak_bytes'] / 2**20:.1f} MB with inputs")
+            continue
+        meas = r["peak_bytes"] / 2**20
+        pred = r.get("predicted_bytes")
+        err = f"{(pred / 2**20 / meas - 1) * 100:+.1f}%" if pred is not None and meas else ""
+        plan = (f"{r['family']}, {r['recompute_flops']:.3g} flops, "
+                f"{r['evaluated']}/{r['candidates']} simulated") if "family" in r else "ordinary"
+        out.append(f"{r['arch']:<9}{r['precision']:<6}{t:>8}{meas:>9.1f}"
+                   f"{(pred / 2**20 if pred is not None else float('nan')):>9.1f}{err:>8}"
+                   f"{r['step_s']:>8.3f}{r['cpu_s']:>8.3f}  {plan}")
+    return "\n".join(out)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's flags."""
+    p.add_argument("--archs", nargs="+", choices=ARCHITECTURES, default=["llama", "t5"])
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=["fp32"])
+    p.add_argument("--kind", choices=("inductor", "eager"), default="inductor")
+    p.add_argument("--targets", nargs="+", type=float, default=[1.0, 0.9, 0.8, 0.7],
+                   help="peak_target values (<= 1: a fraction of the ordinary cut's peak)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (median)")
+    p.add_argument("--scale", type=int, default=1,
+                   help="sequence (x256) or image side (x64) multiplier")
+    p.add_argument("--out", default=None, help="folder for rows.json and table.txt")
+
+
+def run(args) -> int:
+    """Peak-target mode: the planner's predicted step peak against the measured one."""
+    rows = [plan_row(arch, args.kind, precision, target, args.steps, args.scale)
+            for arch in args.archs for precision in args.precisions
+            for target in [None, *args.targets]]
+    text = table(rows)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "rows.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        with open(os.path.join(args.out, "table.txt"), "w") as f:
+            f.write(text + "\n")
+    return 0
