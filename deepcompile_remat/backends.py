@@ -37,11 +37,14 @@ from deepcompile_remat.zero3.hooks import Zero3Hooks
 
 def make_partition_fn(config: Optional[RematConfig] = None, *,
                       parameter_indices: Optional[Sequence[int]] = None,
-                      num_graph_inputs: Optional[int] = None) -> Callable:
+                      num_graph_inputs: Optional[int] = None,
+                      fuses_pointwise: bool = True) -> Callable:
     """The AOTAutograd partition function for `config` (None: RematConfig()): our min-cut with
     the ZeRO-3 runtime's passes plugged in (cast-before-gather, re-gather schedule), what both
     backends use. A disabled config (RematConfig(enabled=False)) gives torch's own
-    min_cut_rematerialization_partition: off means off wherever the config is passed."""
+    min_cut_rematerialization_partition: off means off wherever the config is passed.
+    fuses_pointwise: whether the graphs' compiler fuses pointwise ops into their consumers
+    (inductor: True; the eager backend: False), for peak-target mode's memory simulation."""
     config = _checked_config(config)
     if not config.enabled:
         from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -49,7 +52,8 @@ def make_partition_fn(config: Optional[RematConfig] = None, *,
         return min_cut_rematerialization_partition
     return partitioner.remat_partition_fn(config, parameter_indices=parameter_indices,
                                           num_graph_inputs=num_graph_inputs,
-                                          hooks=(Zero3Hooks(config),))
+                                          hooks=(Zero3Hooks(config),),
+                                          fuses_pointwise=fuses_pointwise)
 
 
 def _checked_config(config: Optional[RematConfig]) -> RematConfig:
@@ -165,7 +169,8 @@ def _eager_backend(config: RematConfig, on_partition: Optional[Callable] = None)
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         partition = make_partition_fn(config, parameter_indices=_parameters(config, example_inputs),
-                                      num_graph_inputs=len(example_inputs))
+                                      num_graph_inputs=len(example_inputs),
+                                      fuses_pointwise=False)
         return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop,
                             partition_fn=_observed(partition, on_partition, example_inputs))(
             gm, example_inputs)

@@ -104,8 +104,10 @@ class RematConfig:
     memory simulator, csrc/memsim, over the final graphs): a number <= 1 is a fraction of the
     ordinary cut's peak, a number > 1 is bytes. The planner picks the plan that recomputes
     the least (re-gathers priced at their bytes) among the ordinary cut and the
-    memory-budget hulls with and without keeping gathered weights, whose peak fits. A target
-    no plan fits raises PeakTargetInfeasibleError naming the smallest peak one reaches. Not
+    memory-budget hulls with and without keeping gathered weights, whose peak fits. A byte
+    target no plan fits raises PeakTargetInfeasibleError naming the smallest peak one
+    reaches; a fraction no plan reaches takes the lowest-peak plan, with a warning (the
+    report's plan.met is False), as memory_budget raises a fraction to the smallest cut. Not
     with memory_budget."""
     backend: Optional[BackendKind] = None
     """The torch.compile backend kind: "inductor" or "eager" (the partitioned FX graphs run

@@ -59,13 +59,16 @@ def graph_arrays(gm: fx.GraphModule) -> GraphArrays:
 
 
 def memory_graph(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,
-                 graph: Optional[GraphArrays] = None) -> _C.MemoryGraph:
+                 graph: Optional[GraphArrays] = None,
+                 no_buffer: Iterable[fx.Node] = ()) -> _C.MemoryGraph:
     """`gm` as csrc/memsim's MemoryGraph (node ids: graph's). Aliases allocate 0 bytes (they
     share their base's storage); placeholders and module constants are inputs, alive before
     step 0; inputs named in persistent_names (parameter shards: the module holds them) and
     constants are never freed; graph outputs are kept. graph: graph_arrays(gm), if the caller
-    already built it (for its ids)."""
+    already built it (for its ids). no_buffer: nodes that allocate nothing (a compiler fuses
+    them into their consumers' kernels)."""
     persistent_names = set(persistent_names)
+    no_buffer = set(no_buffer)
     graph = graph_arrays(gm) if graph is None else graph
     ids = graph.ids
     n = len(graph.nodes)
@@ -79,7 +82,7 @@ def memory_graph(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,
         persistent[i] = node.op == "get_attr" or node.name in persistent_names
         if is_alias(node) and isinstance(node.args[0], fx.Node):
             alias_of[i] = ids[node.args[0]]
-        else:
+        elif node not in no_buffer:
             nbytes[i] = value_bytes(node.meta.get("val"))
     out = gm.graph.find_nodes(op="output")[0]
     for x in out.all_input_nodes:

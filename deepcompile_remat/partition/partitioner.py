@@ -44,9 +44,12 @@ class PartitionHook(Protocol):
         outputs are the forward's)."""
 
     def after_extract(self, fw: fx.GraphModule, bw: fx.GraphModule,
-                      parameter_names: set[str]) -> tuple:
+                      parameter_names: set[str], *, bucket_bytes: Optional[float] = None
+                      ) -> tuple:
         """Rewrites the forward and backward modules in place; returns figures for the
-        report (PartitionReport.schedule): one immutable object per graph it touched."""
+        report (PartitionReport.schedule): one immutable object per graph it touched.
+        bucket_bytes: collective buckets of this size instead of the configured one (what
+        peak-target mode tries; None: as configured)."""
 
 
 def _prepare_joint_graph(joint_module: fx.GraphModule, config: RematConfig,
@@ -155,13 +158,15 @@ def partition_joint_graph(
     num_graph_inputs: Optional[int] = None,
     hooks: Sequence[PartitionHook] = (),
     torch_passes: bool = False,
+    fuses_pointwise: bool = True,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """num_graph_inputs: how many inputs `parameter_indices` counts (the backend's example
     inputs); where the joint graph has another number of primals (effect tokens, flattened
     tensor subclasses), those indices would name the wrong primals. hooks: graph passes
     around the cut (PartitionHook). torch_passes: clean and extract with the passes ours
     replaced (FX's DCE, torch's fx_graph_cse and extraction helper), the same cut otherwise;
-    bench-partition measures "before" against "after" with it."""
+    bench-partition measures "before" against "after" with it. fuses_pointwise: the
+    compiler fuses pointwise ops (inductor), for peak-target mode's memory simulation."""
     # Lazy GraphModules (as inductor compiles them): code is generated on first call, not here.
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
@@ -171,7 +176,8 @@ def partition_joint_graph(
         return _partition_joint_graph(
             joint_module, num_fwd_outputs=num_fwd_outputs, config=config,
             static_lifetime_input_indices=static_lifetime_input_indices,
-            parameter_indices=parameter_indices, hooks=tuple(hooks), torch_passes=torch_passes)
+            parameter_indices=parameter_indices, hooks=tuple(hooks), torch_passes=torch_passes,
+            fuses_pointwise=fuses_pointwise)
 
 
 def _decide(graph, config: RematConfig):
@@ -201,7 +207,7 @@ def _decide(graph, config: RematConfig):
 
 
 def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_lifetime_input_indices,
-                           parameter_indices, hooks, torch_passes):
+                           parameter_indices, hooks, torch_passes, fuses_pointwise):
     t_start = time.perf_counter()
     _prepare_joint_graph(joint_module, config, hooks, torch_passes, num_fwd_outputs)
     t0 = time.perf_counter()
@@ -217,9 +223,10 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
     extract_modules = (extract.torch_extract_fwd_bwd_modules if torch_passes
                        else extract.extract_fwd_bwd_modules)
 
-    def build(saved_ids):
+    def build(saved_ids, bucket_bytes=None):
         """(fw, bw, schedule figures, saved tensors, saved symbols): the modules of the cut
-        that saves saved_ids, after the hooks' passes."""
+        that saves saved_ids, after the hooks' passes (with buckets of bucket_bytes, if
+        given)."""
         saved_nodes = [graph.nodes[i] for i in saved_ids]
         saved_sym = [n for n in saved_nodes if extract.is_sym_node(n)]
         saved_opaque = [n for n in saved_nodes if extract.is_opaque_node(n)]
@@ -227,7 +234,9 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
         fw, bw = extract_modules(
             joint_module, saved_tensors, saved_sym, saved_opaque,
             num_fwd_outputs=num_fwd_outputs, static_lifetime_input_nodes=static_nodes)
-        figures = tuple(f for hook in hooks for f in hook.after_extract(fw, bw, parameter_names))
+        figures = tuple(f for hook in hooks
+                        for f in hook.after_extract(fw, bw, parameter_names,
+                                                    bucket_bytes=bucket_bytes))
         return fw, bw, figures, saved_tensors, saved_sym
 
     plan_summary = None
@@ -242,8 +251,9 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
             chosen, plan_summary = planner.plan(
                 graph, peak_target=config.peak_target, policy=config.policy,
                 mark_parameter_aliases=config.mark_parameter_aliases,
-                build=lambda c: build(c.saved_ids), parameter_names=parameter_names,
-                num_fwd_outputs=num_fwd_outputs)
+                build=lambda c, bucket_bytes=None: build(c.saved_ids, bucket_bytes),
+                bucket_bytes=float(config.bucket_bytes), parameter_names=parameter_names,
+                num_fwd_outputs=num_fwd_outputs, fuses_pointwise=fuses_pointwise)
         except PartitionConflictError as err:
             raise PartitionConflictError(_conflict_message(err, graph)) from err
         saved_ids, node_info, built = chosen.candidate.saved_ids, chosen.candidate.node_info, \
@@ -294,6 +304,7 @@ def remat_partition_fn(
     num_graph_inputs: Optional[int] = None,
     hooks: Sequence[PartitionHook] = (),
     torch_passes: bool = False,
+    fuses_pointwise: bool = True,
 ) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
     """Our (remat) min-cut partition function with AOTAutograd's contract, bound to `config`;
     it runs whatever config.enabled says. The public deepcompile_remat.make_partition_fn is
@@ -309,6 +320,6 @@ def remat_partition_fn(
             joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, config=config,
             static_lifetime_input_indices=static_lifetime_input_indices,
             parameter_indices=parameter_indices, num_graph_inputs=num_graph_inputs, hooks=hooks,
-            torch_passes=torch_passes)
+            torch_passes=torch_passes, fuses_pointwise=fuses_pointwise)
 
     return partition_fn

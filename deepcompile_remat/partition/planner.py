@@ -21,42 +21,49 @@ states the peak itself and plans each joint graph against it:
    with the least cost.
 3. Peak: each candidate is built as the partitioner builds it (extraction, then the hooks'
    passes: the ZeRO-3 schedule, buckets) and the memory simulator (csrc/memsim) runs the
-   forward and the backward in their final order: the step's peak is the larger of the
-   forward's and the backward's, the backward's counting the forward's user outputs (the loss,
-   the logits), which the caller holds through it. Both count the graph's inputs (parameter
-   shards, the batch).
+   forward and the backward in their final order. Under inductor a pointwise op or cast whose
+   one reader is a pointwise op, a cast or a reduction allocates nothing (fused_away). The
+   step's peak is the larger of the two, both counting the parameters (shards) as resident
+   and the batch, the backward its saved values and tangents; the forward's user outputs
+   (logits) are taken as dropped before the backward, as a training loop that keeps only the
+   loss drops them (held, they add their bytes to the backward's peak).
 4. Choice: candidates in ascending cost; the first whose simulated peak fits the target wins.
+   Then buckets: the chosen cut is built again with collective buckets BUCKET_STEP, then
+   BUCKET_STEP^2, ... times the configured bucket_bytes, and the largest whose peak still fits
+   is kept (fewer collectives for the same bytes: on gloo each costs ms whatever its size).
    Ties go to fewer saved bytes, then to the family order above, then to the node ids, so every
-   rank decides the same on the same graph. A target no candidate fits raises
-   PeakTargetInfeasibleError naming the smallest simulated peak.
+   rank decides the same on the same graph. A byte target no candidate fits raises
+   PeakTargetInfeasibleError naming the smallest simulated peak; a fraction no candidate
+   reaches takes the lowest-peak plan with a warning (PlanSummary.met False), as memory_budget
+   raises a fraction to the smallest legal cut: with graph breaks, a small graph may have no
+   plan below its ordinary cut.
 
 The target is per compiled graph: with graph breaks, each graph is planned on its own, and the
 saved values of earlier graphs in the step are not counted against a later one.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 import numpy as np
-import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
 from deepcompile_remat import _C, fx_arrays
 from deepcompile_remat.config import PeakTargetInfeasibleError
-from deepcompile_remat.fx_values import value_bytes
 from deepcompile_remat.partition import budget, fx_export
-from deepcompile_remat.partition.op_classes import OpClass
+from deepcompile_remat.partition.op_classes import OpClass, classify
 
-_REQUIRED_FORWARD = int(_C.NodeInfoBit.REQUIRED_FORWARD)
 _TANGENT_CLOSURE = int(_C.NodeInfoBit.TANGENT_CLOSURE)
 _PRIMAL = int(_C.NodeFlag.PRIMAL)
 _PARAMETER = int(_C.NodeFlag.PARAMETER)
+log = logging.getLogger(__name__)
 FAMILIES = ("default", "re-gather", "keep-gathered")  # tie-break order (module docstring)
 MAX_EVALUATED = 48  # builds per graph at most; beyond it the hulls are thinned evenly
 EDGE_POINTS = 3  # cuts taken inside each hull edge, at even steps of its saved bytes
+BUCKET_STEP = 4  # bucket sizes tried: the configured one times powers of this
 
 
 @dataclass(frozen=True)
@@ -73,11 +80,11 @@ class Candidate:
 class PlanSummary:
     """Peak-target mode's decision for one graph (PartitionReport.plan). Peaks are the memory
     simulator's, in bytes, inputs (parameter shards, the batch) included."""
-    target_bytes: float
+    target_bytes: float              # the target in bytes (not met: the lowest plan's peak)
     predicted_peak_bytes: float      # the chosen plan's step peak
     forward_peak_bytes: float
     backward_peak_bytes: float
-    inputs_bytes: float              # alive before the forward: the graph's inputs
+    inputs_bytes: float              # resident throughout: the parameters (shards) it reads
     default_peak_bytes: float        # the ordinary cut's (what no target gets)
     min_peak_bytes: float            # the smallest of the plans evaluated (all: when none fit)
     family: str                      # FAMILIES
@@ -87,6 +94,8 @@ class PlanSummary:
     kept_gathers: int                # gathered weights the forward hands the backward
     candidates: int                  # distinct cuts on the hulls
     evaluated: int                   # of them built and simulated
+    met: bool = True                 # False: a fraction no plan reached; the lowest plan taken
+    bucket_bytes: float = 0.0        # the collective bucket size the plan uses
 
 
 def resolve_target(peak_target: float, default_peak_bytes: float) -> float:
@@ -195,23 +204,35 @@ def _thinned(cands: list[Candidate], limit: int) -> list[Candidate]:
     return [cands[k] for k in picks]
 
 
-def graph_peak(gm: fx.GraphModule, persistent_names: Iterable[str]) -> tuple[float, float]:
-    """(simulated peak, bytes alive before the first node) of `gm` in its own order."""
+_FUSED = (OpClass.POINTWISE, OpClass.CAST)  # ops a fusing compiler inlines into their reader
+_FUSING_READERS = (OpClass.POINTWISE, OpClass.CAST, OpClass.REDUCTION)
+
+
+def fused_away(gm: fx.GraphModule) -> set:
+    """The nodes a fusing compiler (inductor) never writes to memory: a pointwise op or cast
+    that is no graph output and whose one reader is a pointwise op, a cast or a reduction,
+    into whose kernel it is inlined. An approximation: inductor also fuses through views, and
+    into several readers where they share a kernel; a value read by two kernels is written."""
+    outputs = set(gm.graph.find_nodes(op="output")[0].all_input_nodes)
+    kinds = {n: classify(n) for n in gm.graph.nodes}
+    return {n for n in gm.graph.nodes
+            if kinds[n] in _FUSED and n not in outputs and len(n.users) == 1
+            and kinds[next(iter(n.users))] in _FUSING_READERS}
+
+
+def graph_peak(gm: fx.GraphModule, persistent_names: Iterable[str],
+               fuses_pointwise: bool = True) -> tuple[float, float]:
+    """(simulated peak, bytes of its persistent inputs) of `gm` in its own order: the inputs
+    named in persistent_names (the parameters) live before and after it, so a step's peak
+    above its memory at rest is the first less the second. fuses_pointwise: its compiler
+    fuses (fused_away nodes allocate nothing)."""
     arrays = fx_arrays.graph_arrays(gm)
-    memory = fx_arrays.memory_graph(gm, persistent_names, graph=arrays)
+    memory = fx_arrays.memory_graph(gm, persistent_names, graph=arrays,
+                                    no_buffer=fused_away(gm) if fuses_pointwise else ())
     is_input = np.asarray(memory.is_input)
     order = np.flatnonzero(is_input == 0).astype(np.int64)
-    inputs = float(np.asarray(memory.bytes)[is_input != 0].sum())
-    return float(_C.simulate_memory(memory, order=order).peak_bytes), inputs
-
-
-def user_output_bytes(fw: fx.GraphModule, num_fwd_outputs: int) -> float:
-    """Bytes of the forward's user outputs (its first num_fwd_outputs) that it computes: what
-    the caller holds while the backward runs."""
-    out = fw.graph.find_nodes(op="output")[0]
-    leaves = pytree.arg_tree_leaves(*out.args)[:num_fwd_outputs]
-    held = {x for x in leaves if isinstance(x, fx.Node) and x.op != "placeholder"}
-    return float(sum(value_bytes(x.meta.get("val")) for x in held))
+    resident = float(np.asarray(memory.bytes)[np.asarray(memory.persistent) != 0].sum())
+    return float(_C.simulate_memory(memory, order=order).peak_bytes), resident
 
 
 @dataclass(frozen=True)
@@ -224,24 +245,46 @@ class Evaluation:
     forward_peak_bytes: float
     backward_peak_bytes: float
     inputs_bytes: float
+    bucket_bytes: Optional[float] = None  # None: as configured
 
 
-def evaluate(candidate: Candidate, build: Callable[[Candidate], tuple],
-             parameter_names: set[str], num_fwd_outputs: int) -> Evaluation:
-    """Builds `candidate` (build returns (fw, bw, ...) after every pass) and simulates it."""
-    built = build(candidate)
+def evaluate(candidate: Candidate, build: Callable[..., tuple],
+             parameter_names: set[str], num_fwd_outputs: int,
+             fuses_pointwise: bool = True, bucket_bytes: Optional[float] = None) -> Evaluation:
+    """Builds `candidate` (build(candidate, bucket_bytes) returns (fw, bw, ...) after every
+    pass; bucket_bytes None: as configured) and simulates it."""
+    built = build(candidate) if bucket_bytes is None else build(candidate, bucket_bytes)
     fw, bw = built[0], built[1]
-    fw_peak, inputs = graph_peak(fw, parameter_names)
-    bw_peak, _ = graph_peak(bw, parameter_names)
-    bw_peak += user_output_bytes(fw, num_fwd_outputs)
-    return Evaluation(candidate, built, max(fw_peak, bw_peak), fw_peak, bw_peak, inputs)
+    fw_peak, fw_resident = graph_peak(fw, parameter_names, fuses_pointwise)
+    bw_peak, bw_resident = graph_peak(bw, parameter_names, fuses_pointwise)
+    # Both on the forward's footing: the parameters the backward does not read are resident too.
+    bw_peak += fw_resident - bw_resident
+    return Evaluation(candidate, built, max(fw_peak, bw_peak), fw_peak, bw_peak, fw_resident,
+                      bucket_bytes)
+
+
+def bucket_ladder(configured: float, gathered_bytes: float) -> list[float]:
+    """Bucket sizes to try above the configured one: x4 steps from it until one bucket could
+    hold every gathered weight of the graph (none when the configured size is 0: buckets
+    off)."""
+    sizes, size = [], configured * BUCKET_STEP
+    while configured > 0 and size < BUCKET_STEP * gathered_bytes:
+        sizes.append(size)
+        size *= BUCKET_STEP
+    return sizes
 
 
 def plan(graph: fx_export.ExportedJointGraph, *, peak_target: float, policy: str,
-         mark_parameter_aliases: bool, build: Callable[[Candidate], tuple],
-         parameter_names: set[str], num_fwd_outputs: int) -> tuple[Evaluation, PlanSummary]:
+         mark_parameter_aliases: bool, build: Callable[..., tuple],
+         parameter_names: set[str], num_fwd_outputs: int,
+         fuses_pointwise: bool = True,
+         bucket_bytes: float = 0.0) -> tuple[Evaluation, PlanSummary]:
     """The cheapest candidate whose simulated peak fits `peak_target` (module docstring), and
-    its summary. build(candidate) -> (fw, bw, ...): the partitioner's extraction and passes.
+    its summary, then the largest bucket size (bucket_ladder above the configured
+    bucket_bytes) with which its peak still fits: fewer collectives for the same bytes.
+    build(candidate, bucket_bytes=None) -> (fw, bw, ...): the partitioner's extraction and
+    passes;
+    fuses_pointwise: the graphs' compiler fuses pointwise ops (inductor; fused_away).
     Raises PeakTargetInfeasibleError where none fits."""
     cands = candidates(graph, policy=policy, mark_parameter_aliases=mark_parameter_aliases)
     default = next(c for c in cands if c.family == "default")
@@ -252,22 +295,38 @@ def plan(graph: fx_export.ExportedJointGraph, *, peak_target: float, policy: str
 
     def run(c: Candidate) -> Evaluation:
         if c.saved_ids not in done:
-            done[c.saved_ids] = evaluate(c, build, parameter_names, num_fwd_outputs)
+            done[c.saved_ids] = evaluate(c, build, parameter_names, num_fwd_outputs,
+                                         fuses_pointwise)
         return done[c.saved_ids]
 
     base = run(default)
     target = resolve_target(peak_target, base.peak_bytes)
     chosen = next((e for e in map(run, pool) if e.peak_bytes <= target), None)
     smallest = min(e.peak_bytes for e in done.values())
-    if chosen is None:
-        raise PeakTargetInfeasibleError(
-            f"deepcompile_remat: peak_target {peak_target:g} asks for a simulated peak of "
-            f"{target:,.0f} bytes for this graph ({len(graph.nodes)} nodes), but the smallest "
-            f"any plan reaches is {smallest:,.0f} bytes ({smallest / base.peak_bytes:.3f} of "
-            f"the ordinary cut's {base.peak_bytes:,.0f}; {len(done)} of {len(cands)} plans "
-            f"simulated). Set peak_target to at least that, or shard or checkpoint more.",
-            smallest)
+    met = chosen is not None
+    if not met:
+        why = (f"peak_target {peak_target:g} asks for a simulated peak of {target:,.0f} bytes "
+               f"for this graph ({len(graph.nodes)} nodes), but the smallest any plan reaches "
+               f"is {smallest:,.0f} bytes ({smallest / base.peak_bytes:.3f} of the ordinary "
+               f"cut's {base.peak_bytes:,.0f}; {len(done)} of {len(cands)} plans simulated)")
+        if peak_target > 1:  # bytes: a limit the caller set
+            raise PeakTargetInfeasibleError(
+                f"deepcompile_remat: {why}. Set peak_target to at least that, or shard or "
+                f"checkpoint more.", smallest)
+        # A fraction is relative to each graph's own ordinary cut (module docstring): a graph
+        # that cannot go that low gets its lowest plan, as memory_budget raises a fraction to
+        # the smallest legal cut. The report says so (PlanSummary.met).
+        log.warning("deepcompile_remat: %s; using that plan.", why)
+        chosen = min(done.values(), key=lambda e: (e.peak_bytes, cands.index(e.candidate)))
+        target = chosen.peak_bytes
     c = chosen.candidate
+    gathered = sum(float(graph.bytes[i]) for i in range(len(graph.nodes))
+                   if _is_parameter_gather(graph, i))
+    for size in bucket_ladder(bucket_bytes, gathered):
+        bigger = evaluate(c, build, parameter_names, num_fwd_outputs, fuses_pointwise, size)
+        if bigger.peak_bytes > target:
+            break  # a larger bucket holds more at once: it will not fit either
+        chosen = bigger
     kept = sum(1 for i in c.saved_ids if _is_parameter_gather(graph, i))
     summary = PlanSummary(
         target_bytes=target, predicted_peak_bytes=chosen.peak_bytes,
@@ -276,5 +335,6 @@ def plan(graph: fx_export.ExportedJointGraph, *, peak_target: float, policy: str
         default_peak_bytes=base.peak_bytes, min_peak_bytes=smallest, family=c.family,
         recompute_cost=c.recompute_cost, default_recompute_cost=default.recompute_cost,
         saved_bytes=c.saved_bytes, kept_gathers=kept, candidates=len(cands),
-        evaluated=len(done))
+        evaluated=len(done), met=met, bucket_bytes=(bucket_bytes if chosen.bucket_bytes is None
+                                           else chosen.bucket_bytes))
     return chosen, summary

@@ -88,8 +88,18 @@ class PartitionReport:
                 f"{self.prepare_s * 1e3:.1f} ms, export "
                 f"{self.export_s * 1e3:.1f} ms, solve {self.solve_s * 1e3:.1f} ms, extract "
                 f"{self.extract_s * 1e3:.1f} ms"
-                f"{self._secondary_summary()}"
+                f"{self._secondary_summary()}{self._plan_summary()}"
                 f"{'; restored with a compile served from the cache' if self.from_cache else ''}")
+
+    def _plan_summary(self) -> str:
+        """'; peak target ...' in peak-target mode (planner.PlanSummary); '' otherwise."""
+        p = self.plan
+        if p is None:
+            return ""
+        return (f"; peak target {p.target_bytes:.0f} bytes: plan {p.family}, simulated peak "
+                f"{p.predicted_peak_bytes:.0f} (the ordinary cut's {p.default_peak_bytes:.0f}), "
+                f"{p.kept_gathers} gathered weights kept, {p.evaluated} of {p.candidates} plans "
+                f"simulated")
 
     def _secondary_summary(self) -> str:
         """'; N backward re-gathers ...' where the ZeRO-3 runtime re-gathered within secondary

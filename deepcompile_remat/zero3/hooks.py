@@ -14,6 +14,7 @@ on a graph without our ops. The partitioner itself knows nothing of ZeRO-3.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 import torch.fx as fx
@@ -54,11 +55,16 @@ class Zero3Hooks:
         regather_within_secondary(joint, num_fwd_outputs, _secondary_of)
 
     def after_extract(self, fw: fx.GraphModule, bw: fx.GraphModule,
-                      parameter_names: set[str]) -> tuple[ScheduleFigures, ...]:
+                      parameter_names: set[str], *, bucket_bytes: Optional[float] = None
+                      ) -> tuple[ScheduleFigures, ...]:
         """parameter_names: the primals that are parameters (shards): they live anyway, so the
-        schedule's memory simulation counts them as persistent. Returns the figures of the
-        forward and the backward, or () for graphs without our ops."""
+        schedule's memory simulation counts them as persistent. bucket_bytes: buckets of
+        this size instead of RematConfig.bucket_bytes (peak-target mode's search). Returns
+        the figures of the forward and the backward, or () for graphs without our ops."""
         c = self.config
+        options = self.schedule_options
+        if bucket_bytes is not None:
+            options = dataclasses.replace(options, bucket_bytes=float(bucket_bytes))
         if not (has_gathers(fw) or has_gathers(bw)):
             return ()
         figures = {tag: ScheduleFigures(graph=tag) for tag in ("fw", "bw")}
@@ -66,9 +72,8 @@ class Zero3Hooks:
         regathers, gathered, held, dropped = read_secondary_in_backward(bw)
         if c.schedule_gathers:
             for tag, module in (("fw", fw), ("bw", bw)):
-                figures[tag] = schedule_gathers(module, self.schedule_options, graph=tag,
+                figures[tag] = schedule_gathers(module, options, graph=tag,
                                                 persistent_names=parameter_names)
-        options = self.schedule_options
         buckets = bucket_reduce_scatters(bw, options.bucket_bytes)
         split, in_flight = 0, 0
         if use_async(scatter_backends(bw), options.async_reduce_scatters):

@@ -163,6 +163,15 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
         from deepcompile_remat.partition.report import reports
 
         row["our_partitions"] = len(reports())  # graphs our partitioner cut in this process
+        plans = [r.plan for r in reports() if r.plan is not None]  # peak-target mode
+        if plans:
+            # The largest graph's simulated peak above its inputs (shards, batch): what the
+            # step adds to the memory at rest, by the planner's prediction.
+            row["plan_predicted_bytes"] = max(p.predicted_peak_bytes - p.inputs_bytes
+                                              for p in plans)
+            row["plan_families"] = sorted({p.family for p in plans})
+            row["plan_default_bytes"] = max(p.default_peak_bytes - p.inputs_bytes for p in plans)
+            row["plan_forward_bytes"] = max(p.forward_peak_bytes - p.inputs_bytes for p in plans)
     except Unavailable as e:
         row["unavailable"] = str(e)
     except Exception as e:  # noqa: BLE001  (a peer that fails here says why in its row)
@@ -239,6 +248,9 @@ def fold(rows: list) -> list:
                  "taken_over": (all(r["taken_over"] for r in rs)
                                 if all("taken_over" in r for r in rs) else None),
                  "our_partitions": min(r.get("our_partitions", 0) for r in rs)}
+        if any("plan_predicted_bytes" in r for r in rs):
+            entry["plan_predicted_bytes"] = max(r.get("plan_predicted_bytes", 0) for r in rs)
+            entry["plan_families"] = sorted({f for r in rs for f in r.get("plan_families", [])})
         measured = [r for r in rs if "step_peak_bytes" in r]
         worst = max(measured, key=lambda r: r["step_peak_bytes"]) if measured else {}
         for key in ("step_peak_bytes", "at_rest_bytes", "transient_bytes"):

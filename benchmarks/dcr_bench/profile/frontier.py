@@ -6,7 +6,9 @@ the peers, with the Pareto front and the physical floor.
 
 One point per system and setting, each a `compare` run of its own (compare.rank_main: same model,
 seed, micro-batch and ranks, AdamW, the allocator's absolute peak, median step time):
-  ours-inductor           the default cut; memory_budget 0.5 and 0 (partition/budget.py)
+  ours-inductor           the default cut; memory_budget 0.5 and 0 (partition/budget.py);
+                          peak_target 1.0 and 0.85 (partition/planner.py: the fastest plan
+                          whose simulated peak is within the ordinary cut's, or 85% of it)
   ours-inductor-layer-buckets   gathers and reduce-scatters grouped by layer (FSDP2's grouping)
   fsdp2-block, fsdp2-block-compiled, fsdp2-module   the FSDP2 peers
   deepspeed-lean          stock ZeRO-3 at its least memory
@@ -38,6 +40,8 @@ SETTINGS = (
     ("ours-inductor", "ours-inductor", {}),
     ("ours-inductor budget 0.5", "ours-inductor", {"memory_budget": 0.5}),
     ("ours-inductor budget 0", "ours-inductor", {"memory_budget": 0.0}),
+    ("ours-inductor peak 1.0", "ours-inductor", {"peak_target": 1.0}),
+    ("ours-inductor peak 0.85", "ours-inductor", {"peak_target": 0.85}),
     ("ours-inductor-layer-buckets", "ours-inductor-layer-buckets", {}),
     ("fsdp2-block", "fsdp2-block", {}),
     ("fsdp2-block-compiled", "fsdp2-block-compiled", {}),
@@ -148,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
             row.update(peak=got["step_peak_bytes"], at_rest=got["at_rest_bytes"],
                        step_s=got["step_s"], cpu_s=got["cpu_s"],
                        collectives=got["collectives"], loss=got["step1_losses"][0])
+            if "plan_predicted_bytes" in got:  # peak-target mode: the planner's prediction
+                row.update(plan_predicted=got["plan_predicted_bytes"],
+                           plan_families=got["plan_families"])
         rows.append(row)
     ran = [r for r in rows if r["why_not"] is None]
     params = sum(p.numel() for p in w.build("autocast").parameters())
@@ -189,7 +196,11 @@ def render(title: str, args: argparse.Namespace, rows: list, floor: dict) -> str
             continue
         lines.append(f"{'*' if r['on_front'] else ' '} {r['label']:<36} {r['peak'] / mb:>8.1f} "
                      f"{r['at_rest'] / mb:>8.1f} {r['step_s']:>7.3f} {r['cpu_s']:>7.3f} "
-                     f"{r['collectives']:>6.0f}")
+                     f"{r['collectives']:>6.0f}" + (
+                         f"  plan {'/'.join(r['plan_families'])}: above rest simulated "
+                         f"{r['plan_predicted'] / mb:.1f}, measured "
+                         f"{(r['peak'] - r['at_rest']) / mb:.1f}" if "plan_predicted" in r
+                         else ""))
     lines += ["", f"floor {floor['floor_bytes'] / mb:.1f} MB = at rest "
               f"{floor['at_rest_bytes'] / mb:.1f} + gradient shards "
               f"{floor['gradient_shard_bytes'] / mb:.1f} + one {floor['layer']}'s forward and "

@@ -1,6 +1,6 @@
 """deepcompile-remat peak-plan: peak-target mode, predicted against measured (one process).
 
-    deepcompile-remat peak-plan --archs llama t5 --targets 1.0 0.9 0.8 0.7
+    deepcompile-remat peak-plan --archs llama t5 --targets 1.0 0.9 0.8 0.7 --torch
 
 For each architecture and precision, one training step compiled with the ordinary cut, then one
 per target with RematConfig(peak_target=T) (partition/planner.py). A row gives:
@@ -22,6 +22,11 @@ import os
 from dcr_bench.profile.cut_quality import ARCHITECTURES, PRECISIONS, measure
 
 NAME = "peak-plan"
+
+
+def torch_row(arch: str, kind: str, precision: str, steps: int, scale: int) -> dict:
+    """torch's min-cut on the same step (cut_quality.measure), for reference."""
+    return {**measure(arch, "torch", kind, precision, steps, scale), "target": "torch"}
 
 
 def plan_row(arch: str, kind: str, precision: str, target, steps: int, scale: int) -> dict:
@@ -61,7 +66,8 @@ def table(rows: list) -> str:
             f"{'step s':>8}{'cpu s':>8}  plan")
     out = [head, "-" * len(head)]
     for r in rows:
-        t = "none" if r["target"] is None else f"{r['target']:g}"
+        t = ("none" if r["target"] is None else r["target"] if isinstance(r["target"], str)
+             else f"{r['target']:g}")
         if r.get("infeasible"):
             out.append(f"{r['arch']:<9}{r['precision']:<6}{t:>8}  infeasible: smallest "
                        f"simulated peak {r['min_peak_bytes'] / 2**20:.1f} MB with inputs")
@@ -70,7 +76,8 @@ def table(rows: list) -> str:
         pred = r.get("predicted_bytes")
         err = f"{(pred / 2**20 / meas - 1) * 100:+.1f}%" if pred is not None and meas else ""
         plan = (f"{r['family']}, {r['recompute_flops']:.3g} flops, "
-                f"{r['evaluated']}/{r['candidates']} simulated") if "family" in r else "ordinary"
+                f"{r['evaluated']}/{r['candidates']} simulated") if "family" in r else (
+            "torch's min-cut" if r["target"] == "torch" else "ordinary")
         out.append(f"{r['arch']:<9}{r['precision']:<6}{t:>8}{meas:>9.1f}"
                    f"{(pred / 2**20 if pred is not None else float('nan')):>9.1f}{err:>8}"
                    f"{r['step_s']:>8.3f}{r['cpu_s']:>8.3f}  {plan}")
@@ -87,14 +94,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps (median)")
     p.add_argument("--scale", type=int, default=1,
                    help="sequence (x256) or image side (x64) multiplier")
+    p.add_argument("--torch", action="store_true",
+                   help="also measure torch's min-cut (RematConfig(enabled=False)) first")
     p.add_argument("--out", default=None, help="folder for rows.json and table.txt")
 
 
 def run(args) -> int:
     """Peak-target mode: the planner's predicted step peak against the measured one."""
-    rows = [plan_row(arch, args.kind, precision, target, args.steps, args.scale)
-            for arch in args.archs for precision in args.precisions
-            for target in [None, *args.targets]]
+    rows = []
+    for arch in args.archs:
+        for precision in args.precisions:
+            if args.torch:
+                rows.append(torch_row(arch, args.kind, precision, args.steps, args.scale))
+            rows += [plan_row(arch, args.kind, precision, target, args.steps, args.scale)
+                     for target in [None, *args.targets]]
     text = table(rows)
     print(text)
     if args.out:
