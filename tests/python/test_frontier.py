@@ -20,10 +20,12 @@ def test_points_run_every_setting_with_and_without_checkpointing_on_transformers
     hf = Workload(model="llama", layers=2, hidden=64, heads=4, seq=32)
     got = points(hf, {"ours-inductor", "fsdp2-block"})
     labels = [p[0] for p in got]
-    assert labels == ["ours-inductor", "ours-inductor budget 0.5", "ours-inductor budget 0",
-                      "fsdp2-block", "ours-inductor +ckpt", "ours-inductor budget 0.5 +ckpt",
-                      "ours-inductor budget 0 +ckpt", "fsdp2-block +ckpt"]
-    assert [p[3].checkpointing for p in got] == [False] * 4 + [True] * 4
+    ours = ["ours-inductor", "ours-inductor budget 0.5", "ours-inductor budget 0",
+            "ours-inductor peak 1.0", "ours-inductor peak 0.85"]
+    assert labels == [*ours, "fsdp2-block", *(f"{o} +ckpt" for o in ours), "fsdp2-block +ckpt"]
+    assert [p[3].checkpointing for p in got] == [False] * 6 + [True] * 6
+    assert [p[2] for p in got[:5]] == [{}, {"memory_budget": 0.5}, {"memory_budget": 0.0},
+                                       {"peak_target": 1.0}, {"peak_target": 0.85}]
     # The built-in GPT has no HF checkpointing: only the plain points.
     assert all(not p[3].checkpointing for p in points(Workload(), {s for _, s, _ in SETTINGS}))
 

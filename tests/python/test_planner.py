@@ -171,6 +171,11 @@ def _zero3_under_a_target(rank, world, target):
         assert rep.plan.family == "keep-gathered" and rep.plan.kept_gathers > 0
         assert regathers == [] and rep.plan.recompute_cost < rep.plan.default_recompute_cost, (
             regathers, rep.plan)
+        # and the largest buckets tried: fewer forward gathers than weights gathered
+        assert rep.plan.bucket_bytes > RematConfig().bucket_bytes
+        gathers = [n for n in fw.graph.nodes
+                   if n.op == "call_function" and "allgather_cast" in str(n.target)]
+        assert any("bucket" in str(n.target) for n in gathers), gathers
     else:
         assert rep.plan.predicted_peak_bytes <= rep.plan.target_bytes
         assert rep.plan.family == "re-gather" and regathers, (regathers, rep.plan)

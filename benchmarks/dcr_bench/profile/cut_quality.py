@@ -139,12 +139,14 @@ def measure(arch: str, partitioner: str, kind: str, precision: str, steps: int,
             scale: int = 1, config=None) -> dict:
     """One row: `partitioner` ("ours" or "torch") compiling `arch` with backend `kind` at
     `precision` (ours with `config`, default the defaults): the step's peak bytes above the
-    start, median step s and CPU s."""
+    start, median step s and CPU s, and the first step's s (compiling it)."""
     from dcr_bench.harness.memory import exact_cpu_counter, peak_over_profile, profiled
 
     exact_cpu_counter()
     step = compiled_step(arch, partitioner, kind, precision, scale=scale, config=config)
+    t0 = time.perf_counter()
     step()  # compiles
+    first_step_s = time.perf_counter() - t0
     step()
     with profiled(profile_memory=True) as prof:
         step()
@@ -159,7 +161,7 @@ def measure(arch: str, partitioner: str, kind: str, precision: str, steps: int,
     gc.collect()
     return {"arch": arch, "partitioner": partitioner, "kind": kind, "precision": precision,
             "peak_bytes": peak, "step_s": statistics.median(times),
-            "cpu_s": statistics.median(cpus)}
+            "cpu_s": statistics.median(cpus), "first_step_s": first_step_s}
 
 
 def verdicts(rows: list, peak_tolerance: float, time_tolerance: float) -> list:

@@ -5,11 +5,13 @@
 For each architecture and precision, one training step compiled with the ordinary cut, then one
 per target with RematConfig(peak_target=T) (partition/planner.py). A row gives:
   measured   the step's peak above what was alive before it (the harness's one memory meter:
-             cut_quality.measure), median step s and CPU s;
+             cut_quality.measure), median step s and CPU s, and the first step's s (it
+             compiles: the planner's cost shows there);
   predicted  the planner's simulated step peak less the graph's inputs (parameters and batch,
              alive before the step), the largest over the compiled graphs;
   the plan   its family, the flops it recomputes, its gathered weights kept.
-A target no plan fits is a row saying so, with the smallest simulated peak the planner named.
+A byte target no plan fits is a row saying so, with the smallest simulated peak the planner
+named; a fraction no plan reaches takes the lowest plan ("not met" in the plan column).
 Without ZeRO-3 there are no gathers, so every plan is of the "re-gather" family (a cut of the
 memory-budget hull) or the ordinary one; bench-style ZeRO-3 runs go through `frontier`.
 """
@@ -56,6 +58,7 @@ def plan_row(arch: str, kind: str, precision: str, target, steps: int, scale: in
                    family=top.family, recompute_flops=sum(p.recompute_cost for p in plans),
                    kept_gathers=sum(p.kept_gathers for p in plans),
                    evaluated=sum(p.evaluated for p in plans),
+                   met=all(p.met for p in plans),
                    candidates=sum(p.candidates for p in plans))
     return row
 
@@ -63,7 +66,7 @@ def plan_row(arch: str, kind: str, precision: str, target, steps: int, scale: in
 def table(rows: list) -> str:
     """The rows as a text table (MB = 2**20 bytes)."""
     head = (f"{'arch':<9}{'prec':<6}{'target':>8}{'meas MB':>9}{'pred MB':>9}{'err':>8}"
-            f"{'step s':>8}{'cpu s':>8}  plan")
+            f"{'step s':>8}{'cpu s':>8}{'1st s':>7}  plan")
     out = [head, "-" * len(head)]
     for r in rows:
         t = ("none" if r["target"] is None else r["target"] if isinstance(r["target"], str)
@@ -76,11 +79,12 @@ def table(rows: list) -> str:
         pred = r.get("predicted_bytes")
         err = f"{(pred / 2**20 / meas - 1) * 100:+.1f}%" if pred is not None and meas else ""
         plan = (f"{r['family']}, {r['recompute_flops']:.3g} flops, "
-                f"{r['evaluated']}/{r['candidates']} simulated") if "family" in r else (
+                f"{r['evaluated']}/{r['candidates']} simulated"
+                + ("" if r["met"] else ", not met: the lowest plan")) if "family" in r else (
             "torch's min-cut" if r["target"] == "torch" else "ordinary")
         out.append(f"{r['arch']:<9}{r['precision']:<6}{t:>8}{meas:>9.1f}"
                    f"{(pred / 2**20 if pred is not None else float('nan')):>9.1f}{err:>8}"
-                   f"{r['step_s']:>8.3f}{r['cpu_s']:>8.3f}  {plan}")
+                   f"{r['step_s']:>8.3f}{r['cpu_s']:>8.3f}{r['first_step_s']:>7.1f}  {plan}")
     return "\n".join(out)
 
 
