@@ -234,9 +234,10 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
         fw, bw = extract_modules(
             joint_module, saved_tensors, saved_sym, saved_opaque,
             num_fwd_outputs=num_fwd_outputs, static_lifetime_input_nodes=static_nodes)
+        # bucket_bytes only where asked: a hook written before it existed still plugs in.
+        extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
         figures = tuple(f for hook in hooks
-                        for f in hook.after_extract(fw, bw, parameter_names,
-                                                    bucket_bytes=bucket_bytes))
+                        for f in hook.after_extract(fw, bw, parameter_names, **extra))
         return fw, bw, figures, saved_tensors, saved_sym
 
     plan_summary = None

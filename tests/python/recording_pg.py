@@ -31,6 +31,17 @@ import torch.distributed as dist
 
 NAME = "dcr_recording"
 _LOG: list = []
+# Every gloo work this module ran, kept to the end of the process. A gloo work dropped right
+# after its wait can be freed, with its tensors, on gloo's worker thread; if that happens
+# during interpreter finalization it aborts the rank (docs/DESIGN.md, "Teardown"): kept here,
+# they are freed on the main thread. A test's ranks run a handful of collectives.
+_KEPT: list = []
+
+
+def _finished(work) -> None:
+    """Waits for a gloo work and keeps it (see _KEPT)."""
+    work.wait()
+    _KEPT.append(work)
 
 
 def log() -> list:
@@ -140,7 +151,7 @@ class RecordingNccl(dist.ProcessGroup):
 
         def run():
             parts = [torch.empty_like(send).view(torch.uint8) for _ in range(self._size)]
-            self._gloo.allgather([parts], [send.view(torch.uint8)]).wait()
+            _finished(self._gloo.allgather([parts], [send.view(torch.uint8)]))
             out.view(torch.uint8).copy_(torch.cat(parts))
 
         return self._issue(record, run)
@@ -185,7 +196,7 @@ class RecordingNccl(dist.ProcessGroup):
             if not torch.equal(send.view(torch.uint8), snapshot.view(torch.uint8)):
                 record["send_changed"] = True
             full = send.clone()
-            self._gloo.allreduce([full], dist.AllreduceOptions()).wait()
+            _finished(self._gloo.allreduce([full], dist.AllreduceOptions()))
             out.copy_(full.view(self._size, -1)[self._rank])
 
         return self._issue(record, run)
@@ -200,19 +211,19 @@ class RecordingNccl(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceOptions()
         return self._sync({"op": "all_reduce", "dtype": str(tensors[0].dtype),
                            "numel": tensors[0].numel()},
-                          lambda: self._gloo.allreduce(tensors, opts).wait())
+                          lambda: _finished(self._gloo.allreduce(tensors, opts)))
 
     def allgather(self, outputs, inputs, opts=None):
         return self._sync({"op": "all_gather_list", "numel": inputs[0].numel()},
-                          lambda: self._gloo.allgather(outputs, inputs).wait())
+                          lambda: _finished(self._gloo.allgather(outputs, inputs)))
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
         return self._sync({"op": "broadcast", "numel": tensors[0].numel()},
-                          lambda: self._gloo.broadcast(tensors, opts).wait())
+                          lambda: _finished(self._gloo.broadcast(tensors, opts)))
 
     def barrier(self, opts=None):
-        return self._sync({"op": "barrier"}, lambda: self._gloo.barrier().wait())
+        return self._sync({"op": "barrier"}, lambda: _finished(self._gloo.barrier()))
 
     def pending(self) -> int:
         return len(self._queue)
