@@ -47,6 +47,8 @@ NAME = "compare"
 DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-inductor-layer-buckets", "ours-inductor-mp",
                  "ours-deepspeed", "fsdp2-block", "fsdp2-block-compiled", "fsdp2-module",
                  "deepspeed", "deepspeed-lean", "deepspeed-compiled", "deepspeed-lean-compiled")
+# Run only when named (--peers): ours compiled per layer (peers.py), a frontier point.
+OTHER_PEERS = ("ours-inductor-blocks",)
 PRECISIONS = ("autocast", "bf16")
 LOSS_RTOL = 2e-2  # bf16 compute: 8 bits of mantissa, summed over a vocabulary
 
@@ -56,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     `parser`."""
     add_model_arguments(parser)
     g = parser.add_argument_group("run")
-    g.add_argument("--peers", nargs="+", choices=DEFAULT_PEERS, default=list(DEFAULT_PEERS))
+    g.add_argument("--peers", nargs="+", choices=DEFAULT_PEERS + OTHER_PEERS,
+                   default=list(DEFAULT_PEERS))
     g.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     g.add_argument("--ours-config", default="{}", metavar="JSON",
                    help='RematConfig fields for the ours-* systems, e.g. \'{"bucket_bytes": '

@@ -10,6 +10,7 @@ seed, micro-batch and ranks, AdamW, the allocator's absolute peak, median step t
                           peak_target 1.0 and 0.85 (partition/planner.py: the fastest plan
                           whose simulated peak is within the ordinary cut's, or 85% of it)
   ours-inductor-layer-buckets   gathers and reduce-scatters grouped by layer (FSDP2's grouping)
+  ours-inductor-blocks    the same, each layer compiled on its own (fsdp2-block-compiled's way)
   fsdp2-block, fsdp2-block-compiled, fsdp2-module   the FSDP2 peers
   deepspeed-lean          stock ZeRO-3 at its least memory
 each without and (transformers models) with HF's activation checkpointing on every layer.
@@ -43,6 +44,7 @@ SETTINGS = (
     ("ours-inductor peak 1.0", "ours-inductor", {"peak_target": 1.0}),
     ("ours-inductor peak 0.85", "ours-inductor", {"peak_target": 0.85}),
     ("ours-inductor-layer-buckets", "ours-inductor-layer-buckets", {}),
+    ("ours-inductor-blocks", "ours-inductor-blocks", {}),
     ("fsdp2-block", "fsdp2-block", {}),
     ("fsdp2-block-compiled", "fsdp2-block-compiled", {}),
     ("fsdp2-module", "fsdp2-module", {}),

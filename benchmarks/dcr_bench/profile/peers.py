@@ -8,6 +8,14 @@ AdamW step, gradients released).
     ours-inductor-layer-buckets     the same with bucket_bytes = one layer's weights in 16 bits:
                                     gathers and reduce-scatters grouped like FSDP2's per-layer
                                     all-gathers (fewer collectives, a layer gathered at once)
+    ours-inductor-blocks            the layer-bucket row with each layer compiled on its own, the
+                                    model around the layers eager (fsdp2-block-compiled's way).
+                                    On torch < 2.14 a transformers model compiled whole builds
+                                    its causal mask inside the graph (its SDPA skip test reads
+                                    as tracing), so SDPA runs with an explicit mask and no
+                                    causal block skipping: 50% more time per attention call on
+                                    CPU. Compiled per layer, the mask is built eager and SDPA
+                                    gets is_causal=True
     ours-inductor-mp                zero3.shard(param_dtype=bf16) instead of torch.autocast:
                                     FSDP2's mixed precision (bf16 weights and activations
                                     everywhere, fp32 shards and gradient reduce), the numerics
@@ -95,10 +103,12 @@ def _layer_bytes(model: torch.nn.Module) -> int:
     return max(sum(p.numel() for p in block.parameters()) for block in blocks(model)) * 2
 
 
-def ours(kind: str, layer_buckets: bool = False, mixed_precision: bool = False):
+def ours(kind: str, layer_buckets: bool = False, mixed_precision: bool = False,
+         per_block: bool = False):
     """The ours-* peer for backend `kind`: zero3.shard and torch.compile with dcr.backend(kind);
     buckets of one layer's weights with layer_buckets, bf16 parameters through
-    zero3.shard(param_dtype=) with mixed_precision. Returns the peer's factory."""
+    zero3.shard(param_dtype=) with mixed_precision, each layer compiled on its own (the rest
+    of the model eager, as fsdp2-block-compiled) with per_block. Returns the peer's factory."""
     def make(w: Workload, precision: str, device, remat: dict) -> System:
         import deepcompile_remat as dcr
         from deepcompile_remat import zero3
@@ -112,7 +122,12 @@ def ours(kind: str, layer_buckets: bool = False, mixed_precision: bool = False):
         config = dcr.RematConfig(**remat)
         model = zero3.shard(model, config=config,
                             param_dtype=torch.bfloat16 if mixed_precision else None)
-        run = torch.compile(model, backend=dcr.backend(kind, config))
+        if per_block:  # torchtitan's way: the layers compiled, the model around them eager
+            for block in blocks(model):
+                block.compile(backend=dcr.backend(kind, config))
+            run = model
+        else:
+            run = torch.compile(model, backend=dcr.backend(kind, config))
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         # Mixed precision is the parameters' dtype, as in FSDP2: no torch.autocast on top.
         return System(_plain_step(w, run, optimizer, precision, device,
@@ -221,6 +236,7 @@ PEERS: dict = {
     "ours-eager": ours("eager"),
     "ours-inductor": ours("inductor"),
     "ours-inductor-layer-buckets": ours("inductor", layer_buckets=True),
+    "ours-inductor-blocks": ours("inductor", layer_buckets=True, per_block=True),
     "ours-inductor-mp": ours("inductor", mixed_precision=True),
     "ours-deepspeed": deepspeed(lean=False, ours_on=True),
     "fsdp2-block": fsdp2("block"),
