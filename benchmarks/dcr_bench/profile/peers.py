@@ -10,12 +10,10 @@ AdamW step, gradients released).
                                     all-gathers (fewer collectives, a layer gathered at once)
     ours-inductor-blocks            the layer-bucket row with each layer compiled on its own, the
                                     model around the layers eager (fsdp2-block-compiled's way).
-                                    On torch < 2.14 a transformers model compiled whole builds
-                                    its causal mask inside the graph (its SDPA skip test reads
-                                    as tracing), so SDPA runs with an explicit mask and no
-                                    causal block skipping: 50% more time per attention call on
-                                    CPU. Compiled per layer, the mask is built eager and SDPA
-                                    gets is_causal=True
+                                    Compiled whole, ours' SDPA calls took ~50% longer each than
+                                    FSDP2's per-layer ones at llama seq 1024 (same is_causal, no
+                                    mask; cause not found: benchmarks/README.md); per layer
+                                    they do not
     ours-inductor-mp                zero3.shard(param_dtype=bf16) instead of torch.autocast:
                                     FSDP2's mixed precision (bf16 weights and activations
                                     everywhere, fp32 shards and gradient reduce), the numerics
