@@ -10,10 +10,11 @@ AdamW step, gradients released).
                                     all-gathers (fewer collectives, a layer gathered at once)
     ours-inductor-blocks            the layer-bucket row with each layer compiled on its own, the
                                     model around the layers eager (fsdp2-block-compiled's way).
-                                    Compiled whole, ours' SDPA calls took ~50% longer each than
-                                    FSDP2's per-layer ones at llama seq 1024 (same is_causal, no
-                                    mask; cause not found: benchmarks/README.md); per layer
-                                    they do not
+                                    A transformers model compiled whole with HF checkpointing
+                                    builds its causal mask inside the graph and every SDPA gets
+                                    attn_mask=<mask>, is_causal=False: ~40% more time per
+                                    attention call on CPU (benchmarks/README.md). Per layer the
+                                    mask is built eagerly and SDPA gets is_causal=True
     ours-inductor-mp                zero3.shard(param_dtype=bf16) instead of torch.autocast:
                                     FSDP2's mixed precision (bf16 weights and activations
                                     everywhere, fp32 shards and gradient reduce), the numerics
