@@ -100,6 +100,26 @@ void BindBudget(py::module_& m) {
           },
           py::arg("lambda_"),
           "Source-minimal min cut of bytes + lambda * cost: a ForwardSideCut.")
+      .def(
+          "evaluate",
+          [](const BudgetSolver& s, const I64Array& saved_nodes) {
+            const std::vector<int64_t> saved(saved_nodes.data(),
+                                             saved_nodes.data() + saved_nodes.size());
+            bool legal = false;
+            CutPoint point;
+            {
+              py::gil_scoped_release release;
+              point = s.Evaluate(saved, &legal);
+            }
+            if (!legal)
+              throw std::invalid_argument(
+                  "evaluate: the saved set holds a node that may not be saved, or leaves one "
+                  "to the backward that may not be recomputed");
+            return point;
+          },
+          py::arg("saved_nodes"),
+          "Saved bytes, recomputed nodes and cost of a legal saved set: a CutPoint. Raises "
+          "ValueError for an illegal one.")
       .def_property_readonly("save_bytes",
                              [](const BudgetSolver& s) { return ToNumpy(s.save_bytes()); })
       .def_property_readonly("recompute_price",

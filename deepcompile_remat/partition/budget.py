@@ -185,6 +185,12 @@ class BudgetSweep:
             edge=d.edge, hull_cost_at_budget=d.hull_cost_at_budget,
             optimality_gap=d.optimality_gap)
 
+    def evaluate(self, saved_ids) -> BudgetPoint:
+        """The point of a given legal saved set (node ids): its bytes, and the nodes the
+        backward recomputes with their cost (budget_cut.h, Evaluate). ValueError for a set
+        no legal cut saves."""
+        return self._point(self._solver.evaluate(np.asarray(saved_ids, dtype=np.int64)))
+
     def solve_at(self, lambda_: float) -> tuple[BudgetPoint, np.ndarray]:
         """Source-minimal min cut of bytes + lambda * cost, and its forward side per node."""
         cut = self._solver.solve_at(float(lambda_))

@@ -56,8 +56,6 @@ from deepcompile_remat.config import PeakTargetInfeasibleError
 from deepcompile_remat.partition import budget, fx_export
 from deepcompile_remat.partition.op_classes import OpClass, classify
 
-_TANGENT_CLOSURE = int(_C.NodeInfoBit.TANGENT_CLOSURE)
-_PRIMAL = int(_C.NodeFlag.PRIMAL)
 _PARAMETER = int(_C.NodeFlag.PARAMETER)
 log = logging.getLogger(__name__)
 FAMILIES = ("default", "re-gather", "keep-gathered")  # tie-break order (module docstring)
@@ -110,61 +108,28 @@ def resolve_target(peak_target: float, default_peak_bytes: float) -> float:
     return float(peak_target)
 
 
-def recomputed_ids(graph: fx_export.ExportedJointGraph, saved_ids: Iterable[int],
-                   node_info: np.ndarray) -> np.ndarray:
-    """Forward nodes the backward computes again under the cut that saves `saved_ids`: every
-    non-backward node a backward node reaches through producers without passing a saved value
-    or a primal (ascending)."""
-    n = len(graph.nodes)
-    producers: list[list[int]] = [[] for _ in range(n)]
-    for t, h in zip(graph.edge_tails.tolist(), graph.edge_heads.tolist()):
-        producers[h].append(t)
-    backward = (node_info & _TANGENT_CLOSURE) != 0
-    backward[np.asarray(graph.bwd_outputs, dtype=np.int64)] = True
-    stop = np.array(backward, copy=True)
-    stop[np.asarray(list(saved_ids), dtype=np.int64)] = True
-    stop |= (np.asarray(graph.flags) & _PRIMAL) != 0
-    seen = np.zeros(n, dtype=bool)
-    stack = [p for v in np.flatnonzero(backward) for p in producers[v]]
-    while stack:
-        v = stack.pop()
-        if seen[v] or stop[v]:
-            continue
-        seen[v] = True
-        stack.extend(producers[v])
-    return np.flatnonzero(seen)
-
-
 def candidates(graph: fx_export.ExportedJointGraph, *, policy: str,
                mark_parameter_aliases: bool) -> list[Candidate]:
     """The ordinary cut and the hull vertices of both families (module docstring), distinct
     saved sets, in the choice order: ascending cost, then fewer saved bytes, family, ids."""
     costs = budget.recompute_costs(graph)
-    save_bytes: Optional[np.ndarray] = None
     found: dict[tuple, Candidate] = {}
 
-    def add(family, saved_ids, node_info, saved_bytes):
-        key = tuple(int(i) for i in saved_ids)
-        if key in found:
-            return
-        cost = float(costs[recomputed_ids(graph, key, node_info)].sum())
-        found[key] = Candidate(family, key, cost, float(saved_bytes), node_info)
+    def add(family, point: budget.BudgetPoint, node_info):
+        key = tuple(int(i) for i in point.saved_ids)
+        if key not in found:  # cost: every node the backward recomputes, at its own price
+            found[key] = Candidate(family, key, float(costs[point.recomputed_ids].sum()),
+                                   point.saved_bytes, node_info)
 
-    cut = _C.partition_joint_graph(graph, policy=budget.POLICY[policy],
-                                   mark_parameter_aliases=mark_parameter_aliases)
     families = [("re-gather", True), ("keep-gathered", False)] if mark_parameter_aliases else [
         ("keep-gathered", False)]
-    sweeps = []
-    for family, mark in families:
-        sweep = budget.BudgetSweep(graph, policy=policy, mark_parameter_aliases=mark,
-                                   recompute_cost=costs)
-        if save_bytes is None:
-            save_bytes = np.nan_to_num(sweep.save_bytes, posinf=0.0)
-        sweeps.append((family, sweep))
-    add("default", cut.saved_nodes, np.asarray(cut.node_info),
-        float(sum(save_bytes[i] for i in cut.saved_nodes)))
-    has_gathers = any(g.op == "call_function" and _is_parameter_gather(graph, i)
-                      for i, g in enumerate(graph.nodes))
+    sweeps = [(family, budget.BudgetSweep(graph, policy=policy, mark_parameter_aliases=mark,
+                                          recompute_cost=costs)) for family, mark in families]
+    cut = _C.partition_joint_graph(graph, policy=budget.POLICY[policy],
+                                   mark_parameter_aliases=mark_parameter_aliases)
+    # sweeps[0] has the ordinary cut's marking: it prices the ordinary cut's saved set.
+    add("default", sweeps[0][1].evaluate(cut.saved_nodes), np.asarray(cut.node_info))
+    has_gathers = bool(parameter_gathers(graph).any())
     for family, sweep in sweeps:
         if family == "keep-gathered" and mark_parameter_aliases and not has_gathers:
             continue  # without gathers both families are the same cuts
@@ -176,24 +141,23 @@ def candidates(graph: fx_export.ExportedJointGraph, *, policy: str,
             continue  # keeping gathered weights broke a region's constraints: not a plan
         info = np.asarray(sweep.node_info)
         for point in hull:
-            add(family, point.saved_ids, info, point.saved_bytes)
+            add(family, point, info)
         for lo, hi in zip(hull, hull[1:]):  # inside each edge (module docstring, 1.)
             for k in range(1, EDGE_POINTS + 1):
                 budget_bytes = lo.saved_bytes + k * (hi.saved_bytes - lo.saved_bytes) / (
                     EDGE_POINTS + 1)
-                point = sweep.choose(math.floor(budget_bytes)).point
-                add(family, point.saved_ids, info, point.saved_bytes)
+                add(family, sweep.choose(math.floor(budget_bytes)).point, info)
     order = {f: i for i, f in enumerate(FAMILIES)}
     return sorted(found.values(), key=lambda c: (c.recompute_cost, c.saved_bytes,
                                                  order[c.family], c.saved_ids))
 
 
-def _is_parameter_gather(graph: fx_export.ExportedJointGraph, i: int) -> bool:
-    """Node i gathers a parameter (a GATHER whose input is a parameter primal)."""
-    if int(graph.op_class[i]) != int(OpClass.GATHER):
-        return False
-    ids = np.flatnonzero(graph.edge_heads == i)
-    return any(int(graph.flags[graph.edge_tails[e]]) & _PARAMETER for e in ids)
+def parameter_gathers(graph: fx_export.ExportedJointGraph) -> np.ndarray:
+    """bool[n]: node i gathers a parameter (a GATHER that reads a parameter primal)."""
+    reads_parameter = np.zeros(len(graph.nodes), dtype=bool)
+    tails, heads = np.asarray(graph.edge_tails), np.asarray(graph.edge_heads)
+    reads_parameter[heads[(np.asarray(graph.flags)[tails] & _PARAMETER) != 0]] = True
+    return reads_parameter & (np.asarray(graph.op_class) == int(OpClass.GATHER))
 
 
 def _thinned(cands: list[Candidate], limit: int) -> list[Candidate]:
@@ -253,7 +217,7 @@ def evaluate(candidate: Candidate, build: Callable[..., tuple],
              fuses_pointwise: bool = True, bucket_bytes: Optional[float] = None) -> Evaluation:
     """Builds `candidate` (build(candidate, bucket_bytes) returns (fw, bw, ...) after every
     pass; bucket_bytes None: as configured) and simulates it."""
-    built = build(candidate) if bucket_bytes is None else build(candidate, bucket_bytes)
+    built = build(candidate, bucket_bytes)
     fw, bw = built[0], built[1]
     fw_peak, fw_resident = graph_peak(fw, parameter_names, fuses_pointwise)
     bw_peak, bw_resident = graph_peak(bw, parameter_names, fuses_pointwise)
@@ -320,14 +284,14 @@ def plan(graph: fx_export.ExportedJointGraph, *, peak_target: float, policy: str
         chosen = min(done.values(), key=lambda e: (e.peak_bytes, cands.index(e.candidate)))
         target = chosen.peak_bytes
     c = chosen.candidate
-    gathered = sum(float(graph.bytes[i]) for i in range(len(graph.nodes))
-                   if _is_parameter_gather(graph, i))
+    gathers = parameter_gathers(graph)
+    gathered = float(np.asarray(graph.bytes)[gathers].sum())
     for size in bucket_ladder(bucket_bytes, gathered):
         bigger = evaluate(c, build, parameter_names, num_fwd_outputs, fuses_pointwise, size)
         if bigger.peak_bytes > target:
             break  # a larger bucket holds more at once: it will not fit either
         chosen = bigger
-    kept = sum(1 for i in c.saved_ids if _is_parameter_gather(graph, i))
+    kept = int(gathers[list(c.saved_ids)].sum())
     summary = PlanSummary(
         target_bytes=target, predicted_peak_bytes=chosen.peak_bytes,
         forward_peak_bytes=chosen.forward_peak_bytes,

@@ -227,3 +227,18 @@ def test_sdpa_without_dropout_is_an_ordinary_compute_intensive_op(dropout_p, ran
     assert op_classes.draws_randomness(node) == random
     expected = op_classes.OpClass.RANDOM if random else op_classes.OpClass.COMPUTE_INTENSIVE
     assert op_classes.classify(node) == expected
+
+
+def test_evaluate_prices_a_saved_set_as_the_sweep_does(graph):
+    """BudgetSweep.evaluate (the planner's price of the ordinary cut) gives a hull point back
+    exactly, and refuses a saved set that holds a parameter alias (which may not be saved)."""
+    sweep = budget.BudgetSweep(graph)
+    hull = sweep.hull()
+    for p in hull:
+        q = sweep.evaluate(p.saved_ids)
+        assert (q.saved, q.recomputed, q.saved_bytes, q.recompute_cost) == (
+            p.saved, p.recomputed, p.saved_bytes, p.recompute_cost)
+    aliases = np.flatnonzero(sweep.node_info & int(_C.NodeInfoBit.PARAMETER_ALIAS))
+    assert aliases.size
+    with pytest.raises(ValueError, match="may not be saved"):
+        sweep.evaluate([*hull[0].saved_ids, aliases[0]])

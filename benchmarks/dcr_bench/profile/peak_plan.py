@@ -26,6 +26,16 @@ from dcr_bench.profile.cut_quality import ARCHITECTURES, PRECISIONS, measure
 NAME = "peak-plan"
 
 
+def infeasible_cause(exc: BaseException):
+    """The PeakTargetInfeasibleError behind `exc` (dynamo wraps what a partitioner raises in
+    BackendCompilerFailed: its inner_exception, or the cause / context chain), else None."""
+    from deepcompile_remat import PeakTargetInfeasibleError
+
+    while exc is not None and not isinstance(exc, PeakTargetInfeasibleError):
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
+    return exc
+
+
 def torch_row(arch: str, kind: str, precision: str, steps: int, scale: int) -> dict:
     """torch's min-cut on the same step (cut_quality.measure), for reference."""
     return {**measure(arch, "torch", kind, precision, steps, scale), "target": "torch"}
@@ -35,18 +45,14 @@ def plan_row(arch: str, kind: str, precision: str, target, steps: int, scale: in
     """One measured row for `target` (None: the ordinary cut)."""
     from deepcompile_remat.config import RematConfig
     from deepcompile_remat.partition import clear_reports, reports
-    from deepcompile_remat.partition.planner import PeakTargetInfeasibleError
 
     clear_reports()
     row = {"arch": arch, "kind": kind, "precision": precision, "target": target}
     try:
         row.update(measure(arch, "ours", kind, precision, steps, scale,
                            config=RematConfig(peak_target=target)))
-    except Exception as e:  # dynamo wraps what the partitioner raises
-        cause = e
-        while cause is not None and not isinstance(cause, PeakTargetInfeasibleError):
-            cause = (getattr(cause, "inner_exception", None) or cause.__cause__
-                     or cause.__context__)
+    except Exception as e:
+        cause = infeasible_cause(e)
         if cause is None:
             raise
         row.update(infeasible=True, min_peak_bytes=cause.min_bytes)
