@@ -173,8 +173,6 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
             row["plan_predicted_bytes"] = max(p.predicted_peak_bytes - p.inputs_bytes
                                               for p in plans)
             row["plan_families"] = sorted({p.family for p in plans})
-            row["plan_default_bytes"] = max(p.default_peak_bytes - p.inputs_bytes for p in plans)
-            row["plan_forward_bytes"] = max(p.forward_peak_bytes - p.inputs_bytes for p in plans)
     except Unavailable as e:
         row["unavailable"] = str(e)
     except Exception as e:  # noqa: BLE001  (a peer that fails here says why in its row)
