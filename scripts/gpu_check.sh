@@ -2,8 +2,10 @@
 # The GPU check, for the lent GPU machine as it is (torch 2.11 + CUDA 13, Python 3.12, no
 # network): versions first, then the build (the CUDA cast module for Hopper, against that
 # Python's headers), carried wheels (DeepSpeed and what it needs: scripts/gpu_wheels.sh builds them here),
-# the GPU tests and the CPU tests that check this torch, the memory profile on the GPU, and the
-# kernel benchmark. No timeout cuts a suite short: the device tool's own limit is the only one.
+# the GPU tests, the kernel benchmark, our cut against torch's and the peak planner at sequence
+# 1024, the memory profile on the GPU, and last the CPU tests that check this torch (the GPU
+# parts first: a short lease that runs out still gets them). No timeout cuts a suite short: the
+# device tool's own limit is the only one.
 # Logs go to $OUT when set (the device tool), else to bench_out/.
 #   bash scripts/gpu_check.sh
 set -uo pipefail
@@ -42,15 +44,29 @@ python3 -m pip install -v --no-deps --no-build-isolation -e . >"$OUT/build.log" 
 grep -E "deepcompile_remat: (CUDA|skipping)" "$OUT/build.log"
 python3 -c "from deepcompile_remat import comm; print('cuda module built:', comm.cuda_available(), 'usable:', comm.cuda_usable()); print(comm.cuda_build_info())" || status=1
 
-step "GPU tests, and the CPU tests that check this torch"
+step "GPU tests (the CUDA cast kernel, single-GPU ZeRO-3, the NCCL path, DeepCompile on CUDA)"
 python3 -m pytest -q -p no:cacheprovider tests/python/test_cast_ops.py \
   tests/python/test_cast_ops_gpu.py tests/python/test_zero3_gpu.py \
-  tests/python/test_nccl_path.py tests/python/test_checkpointing.py \
-  tests/python/test_deepspeed.py -k "not bench" 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
+  tests/python/test_nccl_path.py tests/python/test_deepspeed.py::test_deepcompile_on_gpu_uses_our_partitioner \
+  2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-python3 -m pytest -q -p no:cacheprovider tests/python/test_partition.py \
-  -k "not model_gradients" >"$OUT/partition_tests.log" 2>&1 || status=1
-tail -3 "$OUT/partition_tests.log"
+
+step "kernel benchmark"
+python3 benchmarks/scripts/bench_allgather_cast.py --json "$OUT/bench_allgather_cast.json" \
+  2>&1 | tail -40 || status=1
+
+step "our cut against torch's, and the peak planner, at sequence 1024 on the GPU"
+# No ZeRO-3, one process: the step's peak (the caching allocator's) and median time with torch's
+# min-cut and with ours, then peak-target plans predicted against measured.
+read -r -a cut_archs <<<"${DCR_GPU_CUT_ARCHS:-llama qwen2 gpt2 t5 convnext}"
+python3 -m dcr_bench cut-quality --device cuda --scale 4 --steps 10 --archs "${cut_archs[@]}" \
+  --precisions fp32 bf16 2>"$OUT/cut_quality.err" | tee "$OUT/cut_quality.txt" || status=1
+tail -3 "$OUT/cut_quality.err"
+read -r -a plan_archs <<<"${DCR_GPU_PLAN_ARCHS:-llama t5}"
+python3 -m dcr_bench peak-plan --device cuda --scale 4 --steps 10 \
+  --archs "${plan_archs[@]}" --precisions fp32 bf16 --targets 1.0 0.8 --out "$OUT/peak_plan" \
+  2>"$OUT/peak_plan.err" || status=1
+cat "$OUT/peak_plan/table.txt"; tail -3 "$OUT/peak_plan.err"
 
 step "memory profile on the GPU (one GPU timed, per-rank memory at an emulated world of 8)"
 # ~1 B parameters; DCR_GPU_PROFILE_ARGS overrides (e.g. a smaller model on a short lease).
@@ -59,7 +75,10 @@ python3 -m dcr_bench profile --device cuda --world 1 --fake-world 8 "${profile_a
   --out "$OUT/profile" 2>"$OUT/profile.err" | tee "$OUT/profile_table.txt" || status=1
 tail -5 "$OUT/profile.err"
 
-step "kernel benchmark"
-python3 benchmarks/scripts/bench_allgather_cast.py --json "$OUT/bench_allgather_cast.json" \
-  2>&1 | tail -40 || status=1
+step "the CPU tests that check this torch (gloo ranks, checkpointing, DeepSpeed, the partitioner)"
+python3 -m pytest -q -p no:cacheprovider tests/python/test_checkpointing.py \
+  tests/python/test_deepspeed.py tests/python/test_partition.py \
+  -k "not bench and not model_gradients and not deepcompile_on_gpu" >"$OUT/cpu_tests.log" 2>&1 \
+  || status=1
+tail -15 "$OUT/cpu_tests.log"
 exit $status

@@ -101,13 +101,15 @@ def build(arch: str, scale: int = 1):
 
 
 def compiled_step(arch: str, partitioner: str, kind: str, precision: str, *, scale: int = 1,
-                  checkpointing: bool = False, on_partition=None, config=None):
+                  checkpointing: bool = False, on_partition=None, config=None,
+                  device: str = "cpu"):
     """A training step of `arch` compiled with backend `kind` and `partitioner`'s cut ("ours"
     or "torch": RematConfig(enabled=False)), compile caches off (a warm cache would skip the
     partitioners being compared): a function running forward and backward at `precision` and
     releasing the gradients. checkpointing: HF's activation checkpointing on every layer;
     on_partition: the backend's hook, called with each (forward, backward) module; config:
-    ours' RematConfig (default: the defaults)."""
+    ours' RematConfig (default: the defaults); device: where the model, its inputs and the
+    autocast region live ("cpu" or "cuda")."""
     import torch
 
     import deepcompile_remat as dcr
@@ -123,11 +125,13 @@ def compiled_step(arch: str, partitioner: str, kind: str, precision: str, *, sca
         enable_hf_checkpointing(model, use_reentrant=False)
     if config is None or partitioner != "ours":
         config = RematConfig(enabled=partitioner == "ours")
+    model.to(device)
     run = torch.compile(model, backend=dcr.backend(kind, config, on_partition=on_partition))
-    batch = inputs()
+    batch = {k: v.to(device) for k, v in inputs().items()}
+    device_type = torch.device(device).type
 
     def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             loss = run(**batch).loss
         loss.backward()
         model.zero_grad(set_to_none=True)
@@ -136,31 +140,50 @@ def compiled_step(arch: str, partitioner: str, kind: str, precision: str, *, sca
 
 
 def measure(arch: str, partitioner: str, kind: str, precision: str, steps: int,
-            scale: int = 1, config=None) -> dict:
+            scale: int = 1, config=None, device: str = "cpu") -> dict:
     """One row: `partitioner` ("ours" or "torch") compiling `arch` with backend `kind` at
-    `precision` (ours with `config`, default the defaults): the step's peak bytes above the
-    start, median step s and CPU s, and the first step's s (compiling it)."""
+    `precision` (ours with `config`, default the defaults) on `device`: the step's peak bytes
+    above the start, median step s and CPU s, and the first step's s (compiling it). On CUDA
+    the peak is the caching allocator's own (max_memory_allocated over one step, minus what
+    was allocated before it) and each timed step ends with a synchronize."""
+    import torch
+
     from dcr_bench.harness.memory import exact_cpu_counter, peak_over_profile, profiled
 
+    cuda = torch.device(device).type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     exact_cpu_counter()
-    step = compiled_step(arch, partitioner, kind, precision, scale=scale, config=config)
+    step = compiled_step(arch, partitioner, kind, precision, scale=scale, config=config,
+                         device=device)
     t0 = time.perf_counter()
     step()  # compiles
+    sync()
     first_step_s = time.perf_counter() - t0
     step()
-    with profiled(profile_memory=True) as prof:
+    if cuda:
+        sync()
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
         step()
-    peak = peak_over_profile(prof)
+        sync()
+        peak = float(torch.cuda.max_memory_allocated(device) - start)
+    else:
+        with profiled(profile_memory=True) as prof:
+            step()
+        peak = peak_over_profile(prof)
     times, cpus = [], []
     for _ in range(steps):
         c0, t0 = time.process_time(), time.perf_counter()
         step()
+        sync()
         times.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
     del step
     gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
     return {"arch": arch, "partitioner": partitioner, "kind": kind, "precision": precision,
-            "peak_bytes": peak, "step_s": statistics.median(times),
+            "device": str(device), "peak_bytes": peak, "step_s": statistics.median(times),
             "cpu_s": statistics.median(cpus), "first_step_s": first_step_s}
 
 
@@ -212,11 +235,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tolerance", type=float, default=0.02)
     p.add_argument("--time-tolerance", type=float, default=0.10)
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
 
 
 def run(args) -> int:
     """Our partitioner against torch's on transformers architectures: step peak and time."""
-    rows = [measure(arch, which, args.kind, precision, args.steps, args.scale)
+    rows = [measure(arch, which, args.kind, precision, args.steps, args.scale,
+                    device=args.device)
             for arch in args.archs for precision in args.precisions
             for which in ("torch", "ours")]
     lines = verdicts(rows, args.peak_tolerance, args.time_tolerance)

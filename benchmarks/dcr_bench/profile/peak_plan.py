@@ -36,12 +36,15 @@ def infeasible_cause(exc: BaseException):
     return exc
 
 
-def torch_row(arch: str, kind: str, precision: str, steps: int, scale: int) -> dict:
+def torch_row(arch: str, kind: str, precision: str, steps: int, scale: int,
+              device: str = "cpu") -> dict:
     """torch's min-cut on the same step (cut_quality.measure), for reference."""
-    return {**measure(arch, "torch", kind, precision, steps, scale), "target": "torch"}
+    return {**measure(arch, "torch", kind, precision, steps, scale, device=device),
+            "target": "torch"}
 
 
-def plan_row(arch: str, kind: str, precision: str, target, steps: int, scale: int) -> dict:
+def plan_row(arch: str, kind: str, precision: str, target, steps: int, scale: int,
+             device: str = "cpu") -> dict:
     """One measured row for `target` (None: the ordinary cut)."""
     from deepcompile_remat.config import RematConfig
     from deepcompile_remat.partition import clear_reports, reports
@@ -50,7 +53,7 @@ def plan_row(arch: str, kind: str, precision: str, target, steps: int, scale: in
     row = {"arch": arch, "kind": kind, "precision": precision, "target": target}
     try:
         row.update(measure(arch, "ours", kind, precision, steps, scale,
-                           config=RematConfig(peak_target=target)))
+                           config=RematConfig(peak_target=target), device=device))
     except Exception as e:
         cause = infeasible_cause(e)
         if cause is None:
@@ -107,6 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch", action="store_true",
                    help="also measure torch's min-cut (RematConfig(enabled=False)) first")
     p.add_argument("--out", default=None, help="folder for rows.json and table.txt")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
 
 
 def run(args) -> int:
@@ -115,8 +119,10 @@ def run(args) -> int:
     for arch in args.archs:
         for precision in args.precisions:
             if args.torch:
-                rows.append(torch_row(arch, args.kind, precision, args.steps, args.scale))
-            rows += [plan_row(arch, args.kind, precision, target, args.steps, args.scale)
+                rows.append(torch_row(arch, args.kind, precision, args.steps, args.scale,
+                                      args.device))
+            rows += [plan_row(arch, args.kind, precision, target, args.steps, args.scale,
+                              args.device)
                      for target in [None, *args.targets]]
     text = table(rows)
     print(text)
