@@ -20,7 +20,9 @@ step "versions"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || status=1
 python3 - <<'PY' || status=1
 import platform, sys, torch
-driver = torch._C._cuda_getDriverVersion() if torch.cuda.is_available() else None
+# The driver's CUDA version: a private call that not every torch has (2.11 lacks it).
+get_driver = getattr(torch._C, "_cuda_getDriverVersion", None)
+driver = get_driver() if get_driver and torch.cuda.is_available() else "n/a"
 print("python", platform.python_version(), sys.executable)
 print("torch", torch.__version__, "cuda", torch.version.cuda, "driver supports cuda", driver)
 print("device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)

@@ -826,7 +826,12 @@ def test_deepcompile_on_gpu_uses_our_partitioner():
 
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(here))
-    env = dict(os.environ, DS_ACCELERATOR="cuda",
+    # DeepSpeed JIT-builds DeepCompile's op for TORCH_CUDA_ARCH_LIST, and its parser takes only
+    # plain "major.minor" entries: a CUDA image's arch-specific "9.0a" made it raise
+    # (ValueError: invalid literal for int() ... '0a', DeepSpeed 0.19.8 on an H200). The
+    # device's own capability is what the op needs.
+    major, minor = torch.cuda.get_device_capability()
+    env = dict(os.environ, DS_ACCELERATOR="cuda", TORCH_CUDA_ARCH_LIST=f"{major}.{minor}",
                PYTHONPATH=os.pathsep.join([repo, here, os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run([sys.executable, "-c", "import test_deepspeed; "
                           "test_deepspeed._deepcompile_gpu_main()"],
