@@ -92,44 +92,66 @@ int64_t AssignBuckets(const MemoryGraph& g, Span<int64_t> order, Span<uint8_t> i
   bucket_of->assign(g.num_nodes, -1);
   if (bucket_bytes <= 0) return 0;
   auto small_gather = [&](int64_t v) { return is_gather[v] && g.bytes[v] <= bucket_bytes; };
-  // Pass 1: (slot, key) -> members in order. std::map orders by slot, then key.
-  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> at_slot;
-  for (size_t k = 0; k < order.size; ++k) {
-    const int64_t v = order[k];
-    if (small_gather(v)) at_slot[{slot_of[v], gather_key[v]}].push_back(v);
-  }
-  int64_t next = 0;
-  for (const auto& entry : at_slot) {
-    if (entry.second.size() < 2) continue;
-    for (int64_t v : entry.second) (*bucket_of)[v] = next;
-    ++next;
-  }
-  // Pass 2: the small gathers still alone, packed in order. A gather may run no earlier than
-  // its producers (graph inputs exist before step 0: position -1).
   std::vector<int64_t> position(g.num_nodes, -1);
   for (size_t k = 0; k < order.size; ++k) position[order[k]] = static_cast<int64_t>(k);
+  // A gather may run no earlier than its producers (graph inputs exist before step 0: -1).
   std::vector<int64_t> ready(g.num_nodes, -1);
   for (size_t i = 0; i < g.edge_tails.size; ++i) {
     const int64_t head = g.edge_heads[i];
     ready[head] = std::max(ready[head], position[g.edge_tails[i]]);
   }
-  std::vector<BucketCandidate> alone;
-  std::vector<int64_t> alone_nodes;
+  // Pass 1: one group per (slot, key), its members in order; groups in order of their first
+  // member.
+  struct Group {
+    std::vector<int64_t> members;
+    double bytes = 0;
+    int64_t ready = -1;
+  };
+  std::map<std::pair<int64_t, int64_t>, size_t> group_at;
+  std::vector<Group> groups;
   for (size_t k = 0; k < order.size; ++k) {
     const int64_t v = order[k];
-    if (!small_gather(v) || (*bucket_of)[v] >= 0) continue;
-    // Its users come after it, so the deadline never binds for a bucket at its first member.
-    alone.push_back(BucketCandidate{static_cast<int64_t>(k), g.bytes[v], gather_key[v],
-                                    ready[v], static_cast<int64_t>(order.size)});
-    alone_nodes.push_back(v);
+    if (!small_gather(v)) continue;
+    auto [it, fresh] = group_at.try_emplace({slot_of[v], gather_key[v]}, groups.size());
+    if (fresh) groups.emplace_back();
+    Group& group = groups[it->second];
+    group.members.push_back(v);
+    group.bytes += g.bytes[v];
+    group.ready = std::max(group.ready, ready[v]);
   }
-  const std::vector<int64_t> packed =
-      PackBuckets(alone, bucket_bytes, BucketSite::kFirstMember, next);
-  for (size_t i = 0; i < packed.size(); ++i) {
-    if (packed[i] >= 0) {
-      (*bucket_of)[alone_nodes[i]] = packed[i];
-      next = std::max(next, packed[i] + 1);
+  // Pass 2: groups within the budget are packed as units (a weight and its bias, used by one
+  // op, move together into the layer's bucket); a larger group is a bucket of its own.
+  std::vector<int64_t> group_bucket(groups.size(), -1);
+  int64_t next = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].bytes > bucket_bytes && groups[i].members.size() > 1) group_bucket[i] = next++;
+  }
+  std::vector<BucketCandidate> units;
+  std::vector<size_t> unit_group;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].bytes > bucket_bytes) continue;
+    const Group& group = groups[i];
+    // Its users come after it, so the deadline never binds for a bucket at its first member.
+    units.push_back(BucketCandidate{position[group.members.front()], group.bytes,
+                                    gather_key[group.members.front()], group.ready,
+                                    static_cast<int64_t>(order.size)});
+    unit_group.push_back(i);
+  }
+  const std::vector<int64_t> packed = PackBuckets(units, bucket_bytes, BucketSite::kFirstMember,
+                                                  next);
+  for (size_t u = 0; u < packed.size(); ++u) {
+    if (packed[u] < 0) continue;
+    group_bucket[unit_group[u]] = packed[u];
+    next = std::max(next, packed[u] + 1);
+  }
+  // A group left alone by pass 2 is still one collective when it has several members.
+  for (size_t u = 0; u < packed.size(); ++u) {
+    if (packed[u] < 0 && groups[unit_group[u]].members.size() > 1) {
+      group_bucket[unit_group[u]] = next++;
     }
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    for (int64_t v : groups[i].members) (*bucket_of)[v] = group_bucket[i];
   }
   return next;
 }

@@ -12,12 +12,17 @@
 // runtime to issue each bucket as one grouped gather where its first member stands. Only
 // gathers of at most bucket_bytes with equal gather_key (same group, dtypes, device: what one
 // buffer can hold) share a bucket, in two passes:
-//   1. gathers at one insertion point (same slot) share a bucket, whatever their total: they
-//      would run back to back anyway. Buckets at one slot are numbered by ascending key.
-//   2. the small gathers still alone (a layer norm's weight, a bias: each at its own first
-//      use) are packed in the scheduled order by PackBuckets (schedule/buckets.h: at most
-//      bucket_bytes in all, issued at the first member, a member only where its shard exists).
-// Pass-2 ids follow pass-1 ids; buckets of one member are dropped (-1).
+//   1. gathers at one insertion point (same slot) and key form a group: they would run back to
+//      back anyway (a linear's weight and bias, read by one op).
+//   2. groups of at most bucket_bytes in all, single gathers included (a layer norm's weight,
+//      each at its own first use), are packed as units in the scheduled order by PackBuckets
+//      (schedule/buckets.h: at most bucket_bytes in all, issued at the first member, a member
+//      only where its shard exists). A larger group, or one pass 2 leaves alone, is a bucket
+//      of its own when it has several members.
+// Packing groups, not only single gathers, matters: with pass 1's buckets final, a model with
+// biases issued one collective per projection (Qwen2: 3 more per layer than Llama).
+// Ids: larger groups first, then pass 2's buckets, then the groups it left alone; buckets of
+// one member are dropped (-1).
 //
 // Complexity O(max_prefetch * (n + m) + g log g) for g gathers. Deterministic: ties keep the
 // input order.

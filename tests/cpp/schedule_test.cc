@@ -200,6 +200,39 @@ TEST(RegatherSchedule, PacksSmallGathersLeftAlone) {
   EXPECT_EQ(s.bucket_of[gathers[4]], 1);
 }
 
+// A weight and its bias are read by one op, so they share a slot; pass 2 still packs such
+// pairs of one layer into one bucket within the budget (it used to leave every pair a bucket of
+// its own: one collective per projection). A pair over the budget stays one bucket of its own.
+TEST(RegatherSchedule, PacksGroupsAtOneSlotAsUnits) {
+  Graph g;
+  int64_t h = g.Add(8, {}, true);
+  std::vector<int64_t> order, weights, biases;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t ws = g.Add(1, {}, true), bs = g.Add(1, {}, true);
+    const int64_t w = g.Add(64, {ws}), b = g.Add(8, {bs});
+    for (int64_t v : {w, b}) g.movable[v] = g.is_gather[v] = 1;
+    weights.push_back(w);
+    biases.push_back(b);
+    h = g.Add(8, {h, w, b});
+    order.insert(order.end(), {w, b, h});
+  }
+  g.keep[h] = 1;
+  RegatherSchedule s = g.Schedule(order, ScheduleOptions(0, -1, 1000));
+  EXPECT_EQ(s.num_buckets, 1);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(s.bucket_of[weights[i]], 0);
+    EXPECT_EQ(s.bucket_of[biases[i]], 0);
+  }
+  s = g.Schedule(order, ScheduleOptions(0, -1, 150));  // two pairs fit (144), the third alone
+  EXPECT_EQ(s.num_buckets, 2);
+  EXPECT_EQ(s.bucket_of[weights[0]], s.bucket_of[biases[1]]);
+  EXPECT_EQ(s.bucket_of[weights[2]], s.bucket_of[biases[2]]);
+  EXPECT_NE(s.bucket_of[weights[0]], s.bucket_of[weights[2]]);
+  s = g.Schedule(order, ScheduleOptions(0, -1, 70));  // each pair (72) over the budget
+  EXPECT_EQ(s.num_buckets, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(s.bucket_of[weights[i]], s.bucket_of[biases[i]]);
+}
+
 TEST(RegatherSchedule, RejectsBadArguments) {
   ThreeLayers m;
   EXPECT_THROW(m.g.Schedule(m.order, ScheduleOptions(-1, -1, 0)), std::invalid_argument);

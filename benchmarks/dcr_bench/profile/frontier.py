@@ -11,6 +11,7 @@ seed, micro-batch and ranks, AdamW, the allocator's absolute peak, median step t
                           whose simulated peak is within the ordinary cut's, or 85% of it)
   ours-inductor-layer-buckets   gathers and reduce-scatters grouped by layer (FSDP2's grouping)
   ours-inductor-blocks    the same, each layer compiled on its own (fsdp2-block-compiled's way)
+  ours-inductor-blocks-grad-buckets   the same, a layer's fp32 gradients in one reduce-scatter
   fsdp2-block, fsdp2-block-compiled, fsdp2-module   the FSDP2 peers
   deepspeed-lean          stock ZeRO-3 at its least memory
 each without and (transformers models) with HF's activation checkpointing on every layer.
@@ -45,6 +46,7 @@ SETTINGS = (
     ("ours-inductor peak 0.85", "ours-inductor", {"peak_target": 0.85}),
     ("ours-inductor-layer-buckets", "ours-inductor-layer-buckets", {}),
     ("ours-inductor-blocks", "ours-inductor-blocks", {}),
+    ("ours-inductor-blocks-grad-buckets", "ours-inductor-blocks-grad-buckets", {}),
     ("fsdp2-block", "fsdp2-block", {}),
     ("fsdp2-block-compiled", "fsdp2-block-compiled", {}),
     ("fsdp2-module", "fsdp2-module", {}),

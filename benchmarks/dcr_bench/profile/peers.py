@@ -15,6 +15,9 @@ AdamW step, gradients released).
                                     attn_mask=<mask>, is_causal=False: ~40% more time per
                                     attention call on CPU (benchmarks/README.md). Per layer the
                                     mask is built eagerly and SDPA gets is_causal=True
+    ours-inductor-blocks-grad-buckets   the same with buckets of a layer's weights in 32 bits:
+                                    its fp32 gradients leave in one reduce-scatter (FSDP2's
+                                    count), held until the last of them exists
     ours-inductor-mp                zero3.shard(param_dtype=bf16) instead of torch.autocast:
                                     FSDP2's mixed precision (bf16 weights and activations
                                     everywhere, fp32 shards and gradient reduce), the numerics
@@ -97,15 +100,20 @@ def _plain_step(w: Workload, run, optimizer, precision: str, device, autocast=Tr
 
 # --- ours ----------------------------------------------------------------------------------------
 
-def _layer_bytes(model: torch.nn.Module) -> int:
-    """One layer's weights in 16 bits (what its gathers move under autocast or bf16)."""
-    return max(sum(p.numel() for p in block.parameters()) for block in blocks(model)) * 2
+def _layer_bytes(model: torch.nn.Module, element_bytes: int = 2) -> int:
+    """One layer's weights at `element_bytes` each: 2, what its gathers move under autocast or
+    bf16; 4, its fp32 gradients (what its reduce-scatters move under autocast)."""
+    return max(sum(p.numel() for p in block.parameters()) for block in blocks(model)) * \
+        element_bytes
 
 
 def ours(kind: str, layer_buckets: bool = False, mixed_precision: bool = False,
-         per_block: bool = False):
+         per_block: bool = False, bucket_element_bytes: int = 2):
     """The ours-* peer for backend `kind`: zero3.shard and torch.compile with dcr.backend(kind);
-    buckets of one layer's weights with layer_buckets, bf16 parameters through
+    buckets of one layer's weights with layer_buckets (at bucket_element_bytes a weight: 2, a
+    layer's 16-bit gathers; 4, also its fp32 gradients in one reduce-scatter, which only
+    per_block can afford: compiled whole, that budget would gather the next layer's weights
+    early), bf16 parameters through
     zero3.shard(param_dtype=) with mixed_precision, each layer compiled on its own (the rest
     of the model eager, as fsdp2-block-compiled) with per_block. Returns the peer's factory."""
     def make(w: Workload, precision: str, device, remat: dict) -> System:
@@ -117,7 +125,7 @@ def ours(kind: str, layer_buckets: bool = False, mixed_precision: bool = False,
                               "ours-inductor row)")
         model = w.build(precision, device)
         if layer_buckets:
-            remat = {**remat, "bucket_bytes": _layer_bytes(model)}
+            remat = {**remat, "bucket_bytes": _layer_bytes(model, bucket_element_bytes)}
         config = dcr.RematConfig(**remat)
         model = zero3.shard(model, config=config,
                             param_dtype=torch.bfloat16 if mixed_precision else None)
@@ -236,6 +244,8 @@ PEERS: dict = {
     "ours-inductor": ours("inductor"),
     "ours-inductor-layer-buckets": ours("inductor", layer_buckets=True),
     "ours-inductor-blocks": ours("inductor", layer_buckets=True, per_block=True),
+    "ours-inductor-blocks-grad-buckets": ours("inductor", layer_buckets=True, per_block=True,
+                                              bucket_element_bytes=4),
     "ours-inductor-mp": ours("inductor", mixed_precision=True),
     "ours-deepspeed": deepspeed(lean=False, ours_on=True),
     "fsdp2-block": fsdp2("block"),
