@@ -120,12 +120,7 @@ int64_t AssignBuckets(const MemoryGraph& g, Span<int64_t> order, Span<uint8_t> i
     group.ready = std::max(group.ready, ready[v]);
   }
   // Pass 2: groups within the budget are packed as units (a weight and its bias, used by one
-  // op, move together into the layer's bucket); a larger group is a bucket of its own.
-  std::vector<int64_t> group_bucket(groups.size(), -1);
-  int64_t next = 0;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    if (groups[i].bytes > bucket_bytes && groups[i].members.size() > 1) group_bucket[i] = next++;
-  }
+  // op, move together into the layer's bucket).
   std::vector<BucketCandidate> units;
   std::vector<size_t> unit_group;
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -137,20 +132,17 @@ int64_t AssignBuckets(const MemoryGraph& g, Span<int64_t> order, Span<uint8_t> i
                                     static_cast<int64_t>(order.size)});
     unit_group.push_back(i);
   }
-  const std::vector<int64_t> packed = PackBuckets(units, bucket_bytes, BucketSite::kFirstMember,
-                                                  next);
+  const std::vector<int64_t> packed = PackBuckets(units, bucket_bytes, BucketSite::kFirstMember);
+  std::vector<int64_t> group_bucket(groups.size(), -1);
+  int64_t next = 0;
   for (size_t u = 0; u < packed.size(); ++u) {
-    if (packed[u] < 0) continue;
     group_bucket[unit_group[u]] = packed[u];
     next = std::max(next, packed[u] + 1);
   }
-  // A group left alone by pass 2 is still one collective when it has several members.
-  for (size_t u = 0; u < packed.size(); ++u) {
-    if (packed[u] < 0 && groups[unit_group[u]].members.size() > 1) {
-      group_bucket[unit_group[u]] = next++;
-    }
-  }
+  // A group pass 2 left alone (or over the budget) is still one collective when it has
+  // several members.
   for (size_t i = 0; i < groups.size(); ++i) {
+    if (group_bucket[i] < 0 && groups[i].members.size() > 1) group_bucket[i] = next++;
     for (int64_t v : groups[i].members) (*bucket_of)[v] = group_bucket[i];
   }
   return next;

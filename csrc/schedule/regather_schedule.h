@@ -21,8 +21,8 @@
 //      of its own when it has several members.
 // Packing groups, not only single gathers, matters: with pass 1's buckets final, a model with
 // biases issued one collective per projection (Qwen2: 3 more per layer than Llama).
-// Ids: larger groups first, then pass 2's buckets, then the groups it left alone; buckets of
-// one member are dropped (-1).
+// Ids: pass 2's buckets, then the other groups of several members in order; buckets of one
+// member are dropped (-1).
 //
 // Complexity O(max_prefetch * (n + m) + g log g) for g gathers. Deterministic: ties keep the
 // input order.

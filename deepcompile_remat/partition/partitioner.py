@@ -254,7 +254,7 @@ def _partition_joint_graph(joint_module, *, num_fwd_outputs, config, static_life
                 mark_parameter_aliases=config.mark_parameter_aliases,
                 build=lambda c, bucket_bytes=None: build(c.saved_ids, bucket_bytes),
                 bucket_bytes=float(config.bucket_bytes), parameter_names=parameter_names,
-                num_fwd_outputs=num_fwd_outputs, fuses_pointwise=fuses_pointwise)
+                fuses_pointwise=fuses_pointwise)
         except PartitionConflictError as err:
             raise PartitionConflictError(_conflict_message(err, graph)) from err
         saved_ids, node_info, built = chosen.candidate.saved_ids, chosen.candidate.node_info, \

@@ -213,8 +213,8 @@ class Evaluation:
 
 
 def evaluate(candidate: Candidate, build: Callable[..., tuple],
-             parameter_names: set[str], num_fwd_outputs: int,
-             fuses_pointwise: bool = True, bucket_bytes: Optional[float] = None) -> Evaluation:
+             parameter_names: set[str], fuses_pointwise: bool = True,
+             bucket_bytes: Optional[float] = None) -> Evaluation:
     """Builds `candidate` (build(candidate, bucket_bytes) returns (fw, bw, ...) after every
     pass; bucket_bytes None: as configured) and simulates it."""
     built = build(candidate, bucket_bytes)
@@ -240,8 +240,7 @@ def bucket_ladder(configured: float, gathered_bytes: float) -> list[float]:
 
 def plan(graph: fx_export.ExportedJointGraph, *, peak_target: float, policy: str,
          mark_parameter_aliases: bool, build: Callable[..., tuple],
-         parameter_names: set[str], num_fwd_outputs: int,
-         fuses_pointwise: bool = True,
+         parameter_names: set[str], fuses_pointwise: bool = True,
          bucket_bytes: float = 0.0) -> tuple[Evaluation, PlanSummary]:
     """The cheapest candidate whose simulated peak fits `peak_target` (module docstring), and
     its summary, then the largest bucket size (bucket_ladder above the configured
@@ -259,8 +258,7 @@ def plan(graph: fx_export.ExportedJointGraph, *, peak_target: float, policy: str
 
     def run(c: Candidate) -> Evaluation:
         if c.saved_ids not in done:
-            done[c.saved_ids] = evaluate(c, build, parameter_names, num_fwd_outputs,
-                                         fuses_pointwise)
+            done[c.saved_ids] = evaluate(c, build, parameter_names, fuses_pointwise)
         return done[c.saved_ids]
 
     base = run(default)
@@ -287,7 +285,7 @@ def plan(graph: fx_export.ExportedJointGraph, *, peak_target: float, policy: str
     gathers = parameter_gathers(graph)
     gathered = float(np.asarray(graph.bytes)[gathers].sum())
     for size in bucket_ladder(bucket_bytes, gathered):
-        bigger = evaluate(c, build, parameter_names, num_fwd_outputs, fuses_pointwise, size)
+        bigger = evaluate(c, build, parameter_names, fuses_pointwise, size)
         if bigger.peak_bytes > target:
             break  # a larger bucket holds more at once: it will not fit either
         chosen = bigger

@@ -71,8 +71,7 @@ def test_plan_is_the_cheapest_that_fits():
         cands = planner.candidates(graph, policy=kw["policy"],
                                    mark_parameter_aliases=kw["mark_parameter_aliases"])
         for c in cands:
-            e = planner.evaluate(c, kw["build"], kw["parameter_names"], kw["num_fwd_outputs"],
-                                 kw["fuses_pointwise"])
+            e = planner.evaluate(c, kw["build"], kw["parameter_names"], kw["fuses_pointwise"])
             everything[c.saved_ids] = (c.recompute_cost, e.peak_bytes)
         return original(graph, **kw)
 
