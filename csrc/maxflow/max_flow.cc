@@ -68,6 +68,24 @@ struct ResidualGraph {
     }
     return seen;
   }
+
+  // Nodes that reach t over arcs with positive residual capacity (a search backwards from t:
+  // the arc u -> v is the sister of v's arc to u).
+  std::vector<uint8_t> Reaching(int32_t t) const {
+    std::vector<uint8_t> seen(num_nodes, 0);
+    std::vector<int32_t> queue{t};
+    seen[t] = 1;
+    for (size_t qi = 0; qi < queue.size(); ++qi) {
+      const int32_t v = queue[qi];
+      for (int32_t a = first[v]; a < first[v + 1]; ++a) {
+        if (residual[sister[a]] > 0.0 && !seen[head[a]]) {
+          seen[head[a]] = 1;
+          queue.push_back(head[a]);
+        }
+      }
+    }
+    return seen;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -420,7 +438,7 @@ std::vector<int64_t> FindInfinitePath(int64_t num_nodes, Span<int64_t> tails,
 
 MinCutResult MinStCut(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> heads,
                       Span<double> capacities, int64_t source, int64_t sink,
-                      MaxFlowAlgorithm algorithm) {
+                      MaxFlowAlgorithm algorithm, CutSide side) {
   ValidateFlowInput(num_nodes, tails, heads, capacities, source, sink);
   std::vector<int64_t> inf_path =
       FindInfinitePath(num_nodes, tails, heads, capacities, source, sink);
@@ -440,7 +458,12 @@ MinCutResult MinStCut(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> head
     result.flow_value = BoykovKolmogorov(g, s, t).Solve();
   }
 
-  result.source_side = g.ReachableFrom(s);
+  if (side == CutSide::kSourceMinimal) {
+    result.source_side = g.ReachableFrom(s);
+  } else {
+    result.source_side = g.Reaching(t);
+    for (uint8_t& v : result.source_side) v = !v;
+  }
   result.arc_flow.assign(tails.size, 0.0);
   for (size_t i = 0; i < tails.size; ++i)
     if (g.reverse_of_input[i] >= 0) result.arc_flow[i] = g.residual[g.reverse_of_input[i]];
@@ -454,8 +477,8 @@ MinCutResult MinStCut(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> head
   }
   // Self-check (cheap next to the solve): a maximum flow leaves t unreachable, and the cut it
   // induces has the flow's value.
-  if (result.source_side[t])
-    throw std::logic_error("max-flow internal error: sink reachable after the solve");
+  if (result.source_side[t] || !result.source_side[s])
+    throw std::logic_error("max-flow internal error: s and t not separated after the solve");
   if (std::isinf(result.value) ||
       std::abs(result.value - result.flow_value) > 1e-9 * std::max(1.0, finite_total)) {
     throw std::logic_error("max-flow internal error: cut value " + FormatDouble(result.value) +

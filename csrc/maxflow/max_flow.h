@@ -28,9 +28,13 @@
 // finite residual arc (reverse residuals are flows, always finite), so each bottleneck is
 // finite and IEEE arithmetic keeps +inf - x = +inf on the infinite arcs.
 //
-// Result. source_side is the set of nodes reachable from s in the final residual graph (the
-// source-minimal minimum cut); cut_arcs are the input arcs leaving it, in increasing index
-// order; value is the sum of their capacities, added in that order. On return the solver
+// Result. The minimum cuts form a lattice (Picard & Queyranne 1980): the smallest source side
+// is the set of nodes reachable from s in the final residual graph, the largest is the
+// complement of the nodes that reach t in it, and every minimum cut's source side lies between
+// the two. `side` picks one of the ends: kSourceMinimal (the default) or kSinkMinimal (the
+// largest source side: the cut nearest t). source_side is that set; cut_arcs are the input
+// arcs leaving it, in increasing index order; value is the sum of their capacities, added in
+// that order. On return the solver
 // checks its own result (debug builds: t unreachable and cut value == flow value).
 //
 // Exactness with floats: for capacities that are integers (or share a power-of-two scale)
@@ -55,10 +59,13 @@ namespace dcr {
 
 enum class MaxFlowAlgorithm { kBoykovKolmogorov, kDinic };
 
+// Which end of the lattice of minimum cuts MinStCut returns (header comment, "Result").
+enum class CutSide { kSourceMinimal, kSinkMinimal };
+
 struct MinCutResult {
   double value = 0.0;               // capacity of the cut (sum of cut_arcs' capacities)
   double flow_value = 0.0;          // value of the maximum flow found (== value up to rounding)
-  std::vector<uint8_t> source_side; // size n; 1 iff reachable from s in the final residual graph
+  std::vector<uint8_t> source_side; // size n; 1 iff on the source side of the chosen cut
   std::vector<int64_t> cut_arcs;    // input arc indices from source side to sink side, ascending
   // Flow on each input arc (0 on self-loops): with the capacities it gives the final residual
   // graph, whose closures are exactly the minimum cuts (partition/budget_cut.h walks them).
@@ -84,7 +91,8 @@ class UnboundedCutError : public std::runtime_error {
 // Throws UnboundedCutError when some s-t path uses +inf arcs only (no finite cut exists).
 MinCutResult MinStCut(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> heads,
                       Span<double> capacities, int64_t source, int64_t sink,
-                      MaxFlowAlgorithm algorithm = MaxFlowAlgorithm::kDinic);
+                      MaxFlowAlgorithm algorithm = MaxFlowAlgorithm::kDinic,
+                      CutSide side = CutSide::kSourceMinimal);
 
 // Validates the arguments of MinStCut; throws std::invalid_argument on the first problem.
 void ValidateFlowInput(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> heads,

@@ -375,7 +375,9 @@ PartitionResult PartitionJointGraph(const JointGraphView& g, const PartitionOpti
   if (g.num_nodes == 0) return result;
   MinCutResult cut;
   try {
-    cut = MinStCut(net.num_nodes, net.tails, net.heads, net.capacities, net.source, net.sink);
+    // The sink-minimal end of the minimum cuts (remat_partition.h, Solve).
+    cut = MinStCut(net.num_nodes, net.tails, net.heads, net.capacities, net.source, net.sink,
+                   MaxFlowAlgorithm::kDinic, CutSide::kSinkMinimal);
   } catch (const UnboundedCutError& e) {
     ThrowConflict(net, e.path());
   }

@@ -34,8 +34,9 @@ struct Graph {
 };
 
 MinCutResult Solve(const Graph& g, int64_t s, int64_t t,
-                   MaxFlowAlgorithm algorithm = MaxFlowAlgorithm::kBoykovKolmogorov) {
-  return MinStCut(g.num_nodes, g.tails, g.heads, g.capacities, s, t, algorithm);
+                   MaxFlowAlgorithm algorithm = MaxFlowAlgorithm::kBoykovKolmogorov,
+                   CutSide side = CutSide::kSourceMinimal) {
+  return MinStCut(g.num_nodes, g.tails, g.heads, g.capacities, s, t, algorithm, side);
 }
 
 // Capacity of the cut whose source side is `side` (arcs leaving it), +inf if any is infinite.
@@ -76,6 +77,25 @@ TEST(MaxFlow, SingleArc) {
     EXPECT_EQ(cut.value, 7.0);
     EXPECT_EQ(cut.cut_arcs, std::vector<int64_t>{0});
     ExpectValidCut(g, 0, 1, cut);
+  }
+}
+
+// A chain of equal arcs: every arc is a minimum cut; the two ends of the lattice are its first
+// and its last arc.
+TEST(MaxFlow, CutSidePicksAnEndOfTheChain) {
+  Graph g{4};
+  g.Add(0, 1, 3.0);
+  g.Add(1, 2, 3.0);
+  g.Add(2, 3, 3.0);
+  for (MaxFlowAlgorithm alg : kAlgorithms) {
+    const MinCutResult near = Solve(g, 0, 3, alg, CutSide::kSourceMinimal);
+    const MinCutResult far = Solve(g, 0, 3, alg, CutSide::kSinkMinimal);
+    ExpectValidCut(g, 0, 3, near);
+    ExpectValidCut(g, 0, 3, far);
+    EXPECT_EQ(near.cut_arcs, std::vector<int64_t>{0});
+    EXPECT_EQ(far.cut_arcs, std::vector<int64_t>{2});
+    EXPECT_EQ(far.source_side, (std::vector<uint8_t>{1, 1, 1, 0}));
+    EXPECT_EQ(near.value, far.value);
   }
 }
 
@@ -358,6 +378,9 @@ struct BruteForce {
   // Intersection of the source sides of all minimum cuts: the source-minimal minimum cut,
   // which is exactly the set reachable from s in the residual graph of any maximum flow.
   std::vector<uint8_t> minimal_side;
+  // Union of the source sides of all minimum cuts: the sink-minimal minimum cut, the
+  // complement of the set that reaches t in the residual graph of any maximum flow.
+  std::vector<uint8_t> maximal_side;
 };
 
 BruteForce EnumerateCuts(const Graph& g, int64_t s, int64_t t) {
@@ -375,8 +398,10 @@ BruteForce EnumerateCuts(const Graph& g, int64_t s, int64_t t) {
     if (value < best.value) {
       best.value = value;
       best.minimal_side = side;
+      best.maximal_side = side;
     } else if (value == best.value && !std::isinf(value)) {
       for (int64_t v = 0; v < n; ++v) best.minimal_side[v] &= side[v];
+      for (int64_t v = 0; v < n; ++v) best.maximal_side[v] |= side[v];
     }
   }
   return best;
@@ -407,6 +432,10 @@ TEST(MaxFlowRandom, MatchesBruteForceOnSmallGraphs) {
       EXPECT_EQ(cut.value, expected.value);
       ExpectValidCut(g, s, t, cut);
       EXPECT_EQ(cut.source_side, expected.minimal_side);
+      const MinCutResult far = Solve(g, s, t, alg, CutSide::kSinkMinimal);
+      EXPECT_EQ(far.value, expected.value);
+      ExpectValidCut(g, s, t, far);
+      EXPECT_EQ(far.source_side, expected.maximal_side);
     }
     (std::isinf(expected.value) ? unbounded : bounded)++;
   }
