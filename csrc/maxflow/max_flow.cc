@@ -52,33 +52,16 @@ struct ResidualGraph {
     }
   }
 
-  // Nodes reachable from s over arcs with positive residual capacity.
-  std::vector<uint8_t> ReachableFrom(int32_t s) const {
+  // Nodes reachable from `root` over arcs with positive residual capacity or, with
+  // `backwards`, the nodes that reach it (the arc u -> v is the sister of v's arc to u).
+  std::vector<uint8_t> Closure(int32_t root, bool backwards) const {
     std::vector<uint8_t> seen(num_nodes, 0);
-    std::vector<int32_t> queue{s};
-    seen[s] = 1;
+    std::vector<int32_t> queue{root};
+    seen[root] = 1;
     for (size_t qi = 0; qi < queue.size(); ++qi) {
       const int32_t v = queue[qi];
       for (int32_t a = first[v]; a < first[v + 1]; ++a) {
-        if (residual[a] > 0.0 && !seen[head[a]]) {
-          seen[head[a]] = 1;
-          queue.push_back(head[a]);
-        }
-      }
-    }
-    return seen;
-  }
-
-  // Nodes that reach t over arcs with positive residual capacity (a search backwards from t:
-  // the arc u -> v is the sister of v's arc to u).
-  std::vector<uint8_t> Reaching(int32_t t) const {
-    std::vector<uint8_t> seen(num_nodes, 0);
-    std::vector<int32_t> queue{t};
-    seen[t] = 1;
-    for (size_t qi = 0; qi < queue.size(); ++qi) {
-      const int32_t v = queue[qi];
-      for (int32_t a = first[v]; a < first[v + 1]; ++a) {
-        if (residual[sister[a]] > 0.0 && !seen[head[a]]) {
+        if (residual[backwards ? sister[a] : a] > 0.0 && !seen[head[a]]) {
           seen[head[a]] = 1;
           queue.push_back(head[a]);
         }
@@ -459,9 +442,9 @@ MinCutResult MinStCut(int64_t num_nodes, Span<int64_t> tails, Span<int64_t> head
   }
 
   if (side == CutSide::kSourceMinimal) {
-    result.source_side = g.ReachableFrom(s);
+    result.source_side = g.Closure(s, /*backwards=*/false);
   } else {
-    result.source_side = g.Reaching(t);
+    result.source_side = g.Closure(t, /*backwards=*/true);
     for (uint8_t& v : result.source_side) v = !v;
   }
   result.arc_flow.assign(tails.size, 0.0);
