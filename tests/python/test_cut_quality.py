@@ -68,11 +68,15 @@ def test_hf_llama_with_checkpointing_recomputes_what_torch_recomputes():
     assert sum(ours.values()) - sum(theirs.values()) < 0.1 * sum(theirs.values())
 
 
-def test_peak_no_higher_than_torchs_on_t5():
+@pytest.mark.parametrize("kind", ["eager", "inductor"])
+def test_peak_no_higher_than_torchs_on_t5(kind):
     """The T5 class (RMSNorm) whose backward peak the recomputed norms raised: ours' step
-    peak is at most torch's (memory is deterministic here: the allocator's own total)."""
-    theirs = measure("t5", "torch", "eager", "fp32", steps=1)
-    ours = measure("t5", "ours", "eager", "fp32", steps=1)
+    peak is at most torch's (memory is deterministic here: the allocator's own total). Under
+    inductor it was 3.3% higher until ties among minimum cuts went to the one nearest the
+    backward (remat_partition.h, Solve): the source-side cut recomputed more of each block
+    in the backward."""
+    theirs = measure("t5", "torch", kind, "fp32", steps=1)
+    ours = measure("t5", "ours", kind, "fp32", steps=1)
     assert ours["peak_bytes"] <= theirs["peak_bytes"] * 1.02, (ours, theirs)
 
 
