@@ -205,17 +205,34 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
   net.sink = 2 * n + 1;
   net.node_cost.assign(n, 0.0);
   net.priced_arc.assign(n, -1);
-  // materialized[v]: v's buffer is written to memory in the forward anyway, because some
-  // consumer is not fusible; views and getitems alias their input, so look through them.
+  // materialized[v]: v's buffer is written to memory in the forward anyway, because
+  //   - some consumer is not fusible; views and getitems alias their input, so look through
+  //     them; or
+  //   - it is read on both sides of a non-fusible op that depends on it: a fusible reader
+  //     after that op cannot share a kernel with the readers before it, so the value is
+  //     written, or its inputs are held and it is redone in each kernel (torch's partitioner
+  //     bans recomputing such a late reader: "used far apart"). The residual stream is the
+  //     case: read by a block's norm, then by the residual add after the block's matmuls.
+  // first_unfusible[v]: the lowest id of a non-fusible forward node reached from v through
+  // fusible forward nodes (ids are topological: users come later, so one reverse pass).
   std::vector<uint8_t> materialized(n, 0);
+  std::vector<int64_t> first_unfusible(n, std::numeric_limits<int64_t>::max());
   for (int64_t v = n - 1; v >= 0; --v) {
     const OpClass c = ClassOf(g, v);
     bool m = c == OpClass::kPlaceholder || !IsFusible(c);
+    const bool forward = !(info[v] & kTangentClosure);
     adj.ForEachUser(v, [&](int64_t u) {
       const OpClass cu = ClassOf(g, u);
       const bool alias = cu == OpClass::kView || cu == OpClass::kGetItem;
       m |= !IsFusible(cu) || (alias && materialized[u]);
+      if (forward && !(info[u] & kTangentClosure))
+        first_unfusible[v] = std::min(first_unfusible[v], IsFusible(cu) ? first_unfusible[u] : u);
     });
+    if (forward) {
+      adj.ForEachUser(v, [&](int64_t u) {
+        m |= !(info[u] & kTangentClosure) && IsFusible(ClassOf(g, u)) && u > first_unfusible[v];
+      });
+    }
     materialized[v] = m;
   }
   // Node arcs first, so arc index v is node v's arc.
