@@ -269,6 +269,29 @@ TEST(RematPartition, TiedCutsTakeTheOneThatRecomputesLeast) {
   }
 }
 
+// A residual stream: r is read by a norm-like op feeding a matmul, and again by the residual
+// add after that matmul. No kernel holds both readers, so r counts as written (1x bytes), ties
+// with its input x, and the tie goes to r. Without the read after the matmul, r is a fusible
+// intermediate (2x) and saving x is cheaper.
+TEST(RematPartition, ValueReadAcrossAMatmulCostsItsBytesOnce) {
+  for (bool read_after_matmul : {true, false}) {
+    GraphBuilder g;
+    const int64_t x = g.Primal();
+    const int64_t t = g.Tangent();
+    const int64_t r = g.Add(OpClass::kPointwise, {x});
+    const int64_t norm = g.Add(OpClass::kPointwise, {r});
+    const int64_t y = g.Add(OpClass::kComputeIntensive, {norm});
+    const int64_t out = read_after_matmul ? g.Add(OpClass::kPointwise, {r, y})
+                                          : g.Add(OpClass::kPointwise, {y});
+    const int64_t bw = g.Add(OpClass::kPointwise, {t, r});
+    g.fwd_outputs = {out};
+    g.bwd_outputs = {bw};
+    const PartitionResult r_cut = g.Solve();
+    EXPECT_EQ(r_cut.saved_nodes, Ids({read_after_matmul ? r : x})) << read_after_matmul;
+    EXPECT_DOUBLE_EQ(r_cut.cut_cost, 4096.0);
+  }
+}
+
 TEST(RematPartition, BrokenRequestsAreTheFewestPossible) {
   GraphBuilder g;
   const int64_t x = g.Primal();
