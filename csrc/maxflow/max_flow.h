@@ -34,8 +34,8 @@
 // the two. `side` picks one of the ends: kSourceMinimal (the default) or kSinkMinimal (the
 // largest source side: the cut nearest t). source_side is that set; cut_arcs are the input
 // arcs leaving it, in increasing index order; value is the sum of their capacities, added in
-// that order. On return the solver
-// checks its own result (debug builds: t unreachable and cut value == flow value).
+// that order. On return the solver checks its own result (s and t on their own sides, and cut
+// value == flow value).
 //
 // Exactness with floats: for capacities that are integers (or share a power-of-two scale)
 // with totals below 2^53 - byte counts, as this product uses - every residual update is exact

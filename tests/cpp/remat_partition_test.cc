@@ -250,7 +250,6 @@ TEST(RematPartition, UnreplayableRandomOpYieldsARequestAndRefusesAMust) {
   }
 }
 
-// A request breaks as few requests as it can: here one saved getitem suffices.
 // Saving x (and recomputing a from it) or saving a costs the same bytes: the partitioner takes
 // the cut nearest the backward, which recomputes nothing (remat_partition.h, Solve).
 TEST(RematPartition, TiedCutsTakeTheOneThatRecomputesLeast) {
@@ -292,6 +291,7 @@ TEST(RematPartition, ValueReadAcrossAMatmulCostsItsBytesOnce) {
   }
 }
 
+// A request breaks as few requests as it can: here one saved value suffices.
 TEST(RematPartition, BrokenRequestsAreTheFewestPossible) {
   GraphBuilder g;
   const int64_t x = g.Primal();
