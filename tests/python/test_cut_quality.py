@@ -9,7 +9,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dcr_bench.profile.cut_quality import compiled_step, measure, verdicts  # noqa: E402
+from dcr_bench.harness.steady_malloc import steady_cpu_malloc  # noqa: E402
+from dcr_bench.profile.cut_quality import (  # noqa: E402
+    compiled_step, measure, measure_pair, verdicts)
 
 # What a backward spends its time in: matmuls, convolutions, attention (torch wraps a
 # recomputed attention in run_with_rng_state; ours runs it bare when it draws nothing).
@@ -75,9 +77,20 @@ def test_peak_no_higher_than_torchs_on_t5(kind):
     inductor it was 3.3% higher until ties among minimum cuts went to the one nearest the
     backward (remat_partition.h, Solve): the source-side cut recomputed more of each block
     in the backward."""
-    theirs = measure("t5", "torch", kind, "fp32", steps=1)
-    ours = measure("t5", "ours", kind, "fp32", steps=1)
+    theirs, ours = measure_pair("t5", kind, "fp32", steps=1, rounds=2)
+    assert (theirs["partitioner"], ours["partitioner"]) == ("torch", "ours")
     assert ours["peak_bytes"] <= theirs["peak_bytes"] * 1.02, (ours, theirs)
+
+
+def test_side_by_side_peaks_are_each_steps_own():
+    """cut-quality times torch's step and ours side by side, both compiled in one process
+    (measure_pair): each peak must still be its own step's, exactly what measure finds with
+    the step alone in its process (the allocator's count is deterministic here)."""
+    assert steady_cpu_malloc()  # glibc: both thresholds fixed
+    pair = measure_pair("bert", "eager", "fp32", steps=1, rounds=2)
+    alone = [measure("bert", which, "eager", "fp32", steps=1) for which in ("torch", "ours")]
+    assert [r["peak_bytes"] for r in pair] == [r["peak_bytes"] for r in alone]
+    assert pair[1]["peak_bytes"] < pair[0]["peak_bytes"]  # the cuts differ: ours saves less
 
 
 def test_verdicts_mark_a_loss_only_beyond_the_tolerance():

@@ -72,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-plots", action="store_true")
     g.add_argument("--quiet", action="store_true", help="no progress line")
     g.add_argument("--json", action="store_true", help="print the rows as JSON, no table")
+    g.add_argument("--dynamic-malloc", action="store_true",
+                   help="keep glibc's adaptive malloc thresholds in the rank processes (by "
+                        "default they are fixed, harness/steady_malloc.py, so no system's step "
+                        "time depends on its process's history)")
 
 
 def _step_figures(prof, device_type: str) -> dict:
@@ -110,8 +114,11 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
            else (lambda msg: None))
     log = _log_to_file(os.path.join(opts["log_dir"], f"{peer}-{precision}.rank{rank}.log"))
     from dcr_bench.harness import comm_wait, memory
+    from dcr_bench.harness.steady_malloc import steady_cpu_malloc
 
     exact = memory.exact_cpu_counter() if device_type == "cpu" else True  # before allocating
+    if opts.get("steady_malloc", True):
+        steady_cpu_malloc()
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity
@@ -377,7 +384,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"deepcompile-remat compare: {e}")
     opts = {"device": args.device, "warmup": args.warmup, "steps": args.steps,
             "progress": not args.quiet, "ours_config": ours_config,
-            "log_dir": os.path.abspath(os.path.join(args.out, "logs"))}
+            "log_dir": os.path.abspath(os.path.join(args.out, "logs")),
+            "steady_malloc": not args.dynamic_malloc}
     t0 = time.perf_counter()
     rows = []
     for precision in args.precisions:

@@ -102,14 +102,15 @@ def build(arch: str, scale: int = 1):
 
 def compiled_step(arch: str, partitioner: str, kind: str, precision: str, *, scale: int = 1,
                   checkpointing: bool = False, on_partition=None, config=None,
-                  device: str = "cpu"):
+                  device: str = "cpu", reset: bool = True):
     """A training step of `arch` compiled with backend `kind` and `partitioner`'s cut ("ours"
     or "torch": RematConfig(enabled=False)), compile caches off (a warm cache would skip the
     partitioners being compared): a function running forward and backward at `precision` and
     releasing the gradients. checkpointing: HF's activation checkpointing on every layer;
     on_partition: the backend's hook, called with each (forward, backward) module; config:
     ours' RematConfig (default: the defaults); device: where the model, its inputs and the
-    autocast region live ("cpu" or "cuda")."""
+    autocast region live ("cpu" or "cuda"); reset: clear dynamo's compiled code first (False
+    keeps steps compiled earlier in this process valid, to time them side by side)."""
     import torch
 
     import deepcompile_remat as dcr
@@ -118,7 +119,8 @@ def compiled_step(arch: str, partitioner: str, kind: str, precision: str, *, sca
 
     torch._inductor.config.fx_graph_cache = False
     torch._functorch.config.enable_autograd_cache = False
-    torch._dynamo.reset()
+    if reset:
+        torch._dynamo.reset()
     torch.manual_seed(0)
     model, inputs = build(arch, scale)
     if checkpointing:
@@ -139,52 +141,122 @@ def compiled_step(arch: str, partitioner: str, kind: str, precision: str, *, sca
     return step
 
 
+def _step_peak(step, device) -> float:
+    """One step's peak bytes above what was allocated before it (see measure)."""
+    import torch
+
+    from dcr_bench.harness.memory import peak_over_profile, profiled
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        step()
+        torch.cuda.synchronize(device)
+        return float(torch.cuda.max_memory_allocated(device) - start)
+    with profiled(profile_memory=True) as prof:
+        step()
+    return peak_over_profile(prof)
+
+
+def _timed(step, device, steps: int) -> tuple[list, list]:
+    """Wall and CPU seconds of `steps` steps, one each."""
+    import torch
+
+    cuda = torch.device(device).type == "cuda"
+    times, cpus = [], []
+    for _ in range(steps):
+        c0, t0 = time.process_time(), time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return times, cpus
+
+
+def _compiled_and_warm(arch, partitioner, kind, precision, scale, config, device, reset):
+    """(step, first step's s): compiled by its first call, then one more step to warm up."""
+    import torch
+
+    step = compiled_step(arch, partitioner, kind, precision, scale=scale, config=config,
+                         device=device, reset=reset)
+    t0 = time.perf_counter()
+    step()  # compiles
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    first_step_s = time.perf_counter() - t0
+    step()
+    return step, first_step_s
+
+
+def _row(arch, partitioner, kind, precision, device, peak, times, cpus, first_step_s) -> dict:
+    return {"arch": arch, "partitioner": partitioner, "kind": kind, "precision": precision,
+            "device": str(device), "peak_bytes": peak, "step_s": statistics.median(times),
+            "cpu_s": statistics.median(cpus), "first_step_s": first_step_s}
+
+
+def _release(device) -> None:
+    import torch
+
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def measure(arch: str, partitioner: str, kind: str, precision: str, steps: int,
             scale: int = 1, config=None, device: str = "cpu") -> dict:
     """One row: `partitioner` ("ours" or "torch") compiling `arch` with backend `kind` at
     `precision` (ours with `config`, default the defaults) on `device`: the step's peak bytes
     above the start, median step s and CPU s, and the first step's s (compiling it). On CUDA
     the peak is the caching allocator's own (max_memory_allocated over one step, minus what
-    was allocated before it) and each timed step ends with a synchronize."""
-    import torch
+    was allocated before it) and each timed step ends with a synchronize. Glibc's
+    malloc thresholds are fixed first (harness/steady_malloc.py)."""
+    from dcr_bench.harness.memory import exact_cpu_counter
+    from dcr_bench.harness.steady_malloc import steady_cpu_malloc
 
-    from dcr_bench.harness.memory import exact_cpu_counter, peak_over_profile, profiled
-
-    cuda = torch.device(device).type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     exact_cpu_counter()
-    step = compiled_step(arch, partitioner, kind, precision, scale=scale, config=config,
-                         device=device)
-    t0 = time.perf_counter()
-    step()  # compiles
-    sync()
-    first_step_s = time.perf_counter() - t0
-    step()
-    if cuda:
-        sync()
-        torch.cuda.reset_peak_memory_stats(device)
-        start = torch.cuda.memory_allocated(device)
-        step()
-        sync()
-        peak = float(torch.cuda.max_memory_allocated(device) - start)
-    else:
-        with profiled(profile_memory=True) as prof:
-            step()
-        peak = peak_over_profile(prof)
-    times, cpus = [], []
-    for _ in range(steps):
-        c0, t0 = time.process_time(), time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
+    steady_cpu_malloc()
+    step, first_step_s = _compiled_and_warm(arch, partitioner, kind, precision, scale, config,
+                                            device, reset=True)
+    peak = _step_peak(step, device)
+    times, cpus = _timed(step, device, steps)
     del step
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
-    return {"arch": arch, "partitioner": partitioner, "kind": kind, "precision": precision,
-            "device": str(device), "peak_bytes": peak, "step_s": statistics.median(times),
-            "cpu_s": statistics.median(cpus), "first_step_s": first_step_s}
+    _release(device)
+    return _row(arch, partitioner, kind, precision, device, peak, times, cpus, first_step_s)
+
+
+def measure_pair(arch: str, kind: str, precision: str, steps: int, rounds: int = 4,
+                 scale: int = 1, device: str = "cpu") -> list:
+    """torch's row and ours' (as measure) for one architecture and precision, timed side by
+    side: both steps are compiled in this process first, each one's peak is taken over one
+    step of its own, then `rounds` rounds of `steps` timed steps alternate between them
+    (torch-ours, ours-torch, ...), and each median is over all its rounds. Timed one after the
+    other, a drift of this shared machine over the half minute between them fell on one
+    partitioner only. With malloc's thresholds fixed as in measure, the two time alike where
+    they computed alike (benchmarks/README.md, cut-quality)."""
+    from dcr_bench.harness.memory import exact_cpu_counter
+    from dcr_bench.harness.steady_malloc import steady_cpu_malloc
+
+    exact_cpu_counter()
+    steady_cpu_malloc()
+    steps_by = {}
+    for which in ("torch", "ours"):
+        steps_by[which] = _compiled_and_warm(arch, which, kind, precision, scale, None, device,
+                                             reset=which == "torch")
+    peaks = {which: _step_peak(steps_by[which][0], device) for which in steps_by}
+    times = {which: [] for which in steps_by}
+    cpus = {which: [] for which in steps_by}
+    for r in range(rounds):
+        for which in (("torch", "ours") if r % 2 == 0 else ("ours", "torch")):
+            t, c = _timed(steps_by[which][0], device, steps)
+            times[which] += t
+            cpus[which] += c
+    rows = [_row(arch, which, kind, precision, device, peaks[which], times[which], cpus[which],
+                 steps_by[which][1]) for which in ("torch", "ours")]
+    del steps_by
+    _release(device)
+    return rows
 
 
 def verdicts(rows: list, peak_tolerance: float, time_tolerance: float) -> list:
@@ -229,7 +301,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     p.add_argument("--kind", choices=("inductor", "eager"), default="inductor",
                    help="the backend both partitioners compile with (default inductor)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps (median)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="alternating rounds of --steps timed steps per partitioner (the median "
+                        "is over all of them)")
     p.add_argument("--scale", type=int, default=1,
                    help="sequence (x256) or image side (x64) multiplier")
     p.add_argument("--peak-tolerance", type=float, default=0.02)
@@ -240,10 +315,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     """Our partitioner against torch's on transformers architectures: step peak and time."""
-    rows = [measure(arch, which, args.kind, precision, args.steps, args.scale,
-                    device=args.device)
-            for arch in args.archs for precision in args.precisions
-            for which in ("torch", "ours")]
+    rows = [row for arch in args.archs for precision in args.precisions
+            for row in measure_pair(arch, args.kind, precision, args.steps, args.rounds,
+                                    args.scale, device=args.device)]
     lines = verdicts(rows, args.peak_tolerance, args.time_tolerance)
     print(json.dumps(lines, indent=1) if args.json else table(lines))
     return 0

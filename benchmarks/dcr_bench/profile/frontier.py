@@ -69,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=int, default=5)
     g.add_argument("--out", default="frontier-results")
     g.add_argument("--quiet", action="store_true")
+    g.add_argument("--dynamic-malloc", action="store_true",
+                   help="keep glibc's adaptive malloc thresholds in the rank processes (by "
+                        "default they are fixed, harness/steady_malloc.py, so no system's step "
+                        "time depends on its process's history)")
 
 
 def points(w: Workload, systems, checkpointing: bool = True) -> list:
@@ -147,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{i + 1}/{len(todo)}] {label}", flush=True)
         opts = {"device": "cpu", "warmup": args.warmup, "steps": args.steps, "progress": False,
-                "ours_config": cfg, "log_dir": os.path.abspath(os.path.join(args.out, "logs"))}
+                "ours_config": cfg, "log_dir": os.path.abspath(os.path.join(args.out, "logs")),
+                "steady_malloc": not args.dynamic_malloc}
         got = fold(spawn_for_rows(rank_main, args.world, args.world, free_port(), peer,
                                   args.precision, dataclasses.asdict(wl), opts))[0]
         row = {"label": label, "peer": peer, "ours_config": cfg, "checkpointing": wl.checkpointing,
