@@ -119,7 +119,8 @@ def test_a_row_takes_its_memory_figures_from_one_rank():
 
 def test_terminal_shows_progress_and_table_only(tmp_path):
     """Rank processes' output (DeepSpeed's banners, torch's deprecation warnings, kineto's
-    profiler lines) goes to per-rank logs; the terminal gets the progress line and the table."""
+    profiler lines) goes to per-rank logs; the terminal gets the progress line and the table.
+    --op-table leaves rank 0's per-op profile of the step beside the logs."""
     import subprocess
     import sys
 
@@ -128,7 +129,7 @@ def test_terminal_shows_progress_and_table_only(tmp_path):
     args = [a for a in TINY if a != "--quiet"]
     proc = subprocess.run(
         [sys.executable, "-m", "dcr_bench.cli", "compare", *args, "--peers", *peers,
-         "--precisions", "bf16", "--out", str(tmp_path)],
+         "--precisions", "bf16", "--out", str(tmp_path), "--op-table"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     progress = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -142,3 +143,5 @@ def test_terminal_shows_progress_and_table_only(tmp_path):
     for peer in peers:
         assert f"bf16      {peer}" in table
         assert (tmp_path / "logs" / f"{peer}-bf16.rank0.log").exists()
+        ops = (tmp_path / "logs" / f"{peer}-bf16.ops.txt").read_text()  # --op-table
+        assert "Self CPU" in ops and "aten::" in ops

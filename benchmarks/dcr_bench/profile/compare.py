@@ -76,6 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="keep glibc's adaptive malloc thresholds in the rank processes (by "
                         "default they are fixed, harness/steady_malloc.py, so no system's step "
                         "time depends on its process's history)")
+    g.add_argument("--op-table", action="store_true",
+                   help="rank 0 writes the profiled step's ops by self CPU time to "
+                        "LOG_DIR/<system>-<precision>[-ckpt].ops.txt (where a system's time "
+                        "goes)")
 
 
 def _step_figures(prof, device_type: str) -> dict:
@@ -112,7 +116,8 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
         os.environ["DS_ACCELERATOR"] = "cpu"
     say = (_progress(f"[{peer} {precision}] ") if opts["progress"] and rank == 0
            else (lambda msg: None))
-    log = _log_to_file(os.path.join(opts["log_dir"], f"{peer}-{precision}.rank{rank}.log"))
+    tag = f"{peer}-{precision}" + ("-ckpt" if workload.get("checkpointing") else "")
+    log = _log_to_file(os.path.join(opts["log_dir"], f"{tag}.rank{rank}.log"))
     from dcr_bench.harness import comm_wait, memory
     from dcr_bench.harness.steady_malloc import steady_cpu_malloc
 
@@ -169,6 +174,9 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
         with memory.profiled(activities=activities, profile_memory=True) as prof:
             system.step(batch)
         row.update(_step_figures(prof, device_type))
+        if opts.get("op_table") and rank == 0:
+            with open(os.path.join(opts["log_dir"], f"{tag}.ops.txt"), "w") as f:
+                f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
         row["held_at_rest"] = system.held()
         from deepcompile_remat.partition.report import reports
 
@@ -385,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
     opts = {"device": args.device, "warmup": args.warmup, "steps": args.steps,
             "progress": not args.quiet, "ours_config": ours_config,
             "log_dir": os.path.abspath(os.path.join(args.out, "logs")),
-            "steady_malloc": not args.dynamic_malloc}
+            "steady_malloc": not args.dynamic_malloc, "op_table": args.op_table}
     t0 = time.perf_counter()
     rows = []
     for precision in args.precisions:

@@ -73,6 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="keep glibc's adaptive malloc thresholds in the rank processes (by "
                         "default they are fixed, harness/steady_malloc.py, so no system's step "
                         "time depends on its process's history)")
+    g.add_argument("--op-table", action="store_true",
+                   help="rank 0 writes the profiled step's ops by self CPU time to "
+                        "OUT/logs/<system>-<precision>[-ckpt].ops.txt (where a system's time "
+                        "goes)")
 
 
 def points(w: Workload, systems, checkpointing: bool = True) -> list:
@@ -152,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{i + 1}/{len(todo)}] {label}", flush=True)
         opts = {"device": "cpu", "warmup": args.warmup, "steps": args.steps, "progress": False,
                 "ours_config": cfg, "log_dir": os.path.abspath(os.path.join(args.out, "logs")),
-                "steady_malloc": not args.dynamic_malloc}
+                "steady_malloc": not args.dynamic_malloc, "op_table": args.op_table}
         got = fold(spawn_for_rows(rank_main, args.world, args.world, free_port(), peer,
                                   args.precision, dataclasses.asdict(wl), opts))[0]
         row = {"label": label, "peer": peer, "ours_config": cfg, "checkpointing": wl.checkpointing,
