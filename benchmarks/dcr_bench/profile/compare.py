@@ -72,14 +72,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-plots", action="store_true")
     g.add_argument("--quiet", action="store_true", help="no progress line")
     g.add_argument("--json", action="store_true", help="print the rows as JSON, no table")
+    add_rank_arguments(g)
+
+
+def add_rank_arguments(g) -> None:
+    """The flags of how each rank process measures (compare and frontier)."""
     g.add_argument("--dynamic-malloc", action="store_true",
                    help="keep glibc's adaptive malloc thresholds in the rank processes (by "
                         "default they are fixed, harness/steady_malloc.py, so no system's step "
                         "time depends on its process's history)")
     g.add_argument("--op-table", action="store_true",
                    help="rank 0 writes the profiled step's ops by self CPU time to "
-                        "LOG_DIR/<system>-<precision>[-ckpt].ops.txt (where a system's time "
-                        "goes)")
+                        "<out>/logs/<system>-<precision>[-ckpt].ops.txt (where a system's "
+                        "time goes)")
+
+
+def rank_options(args: argparse.Namespace) -> dict:
+    """rank_main's options from add_rank_arguments' flags."""
+    return {"steady_malloc": not args.dynamic_malloc, "op_table": args.op_table}
 
 
 def _step_figures(prof, device_type: str) -> dict:
@@ -393,7 +403,7 @@ def run(args: argparse.Namespace) -> int:
     opts = {"device": args.device, "warmup": args.warmup, "steps": args.steps,
             "progress": not args.quiet, "ours_config": ours_config,
             "log_dir": os.path.abspath(os.path.join(args.out, "logs")),
-            "steady_malloc": not args.dynamic_malloc, "op_table": args.op_table}
+            **rank_options(args)}
     t0 = time.perf_counter()
     rows = []
     for precision in args.precisions:

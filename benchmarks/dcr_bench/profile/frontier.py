@@ -56,6 +56,8 @@ SETTINGS = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The frontier command's flags: the model, which systems, precision, ranks, steps."""
+    from dcr_bench.profile.compare import add_rank_arguments
+
     add_model_arguments(parser)
     g = parser.add_argument_group("run")
     peers = sorted({peer for _, peer, _ in SETTINGS})
@@ -69,14 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=int, default=5)
     g.add_argument("--out", default="frontier-results")
     g.add_argument("--quiet", action="store_true")
-    g.add_argument("--dynamic-malloc", action="store_true",
-                   help="keep glibc's adaptive malloc thresholds in the rank processes (by "
-                        "default they are fixed, harness/steady_malloc.py, so no system's step "
-                        "time depends on its process's history)")
-    g.add_argument("--op-table", action="store_true",
-                   help="rank 0 writes the profiled step's ops by self CPU time to "
-                        "OUT/logs/<system>-<precision>[-ckpt].ops.txt (where a system's time "
-                        "goes)")
+    add_rank_arguments(g)
 
 
 def points(w: Workload, systems, checkpointing: bool = True) -> list:
@@ -146,7 +141,7 @@ def layer_floor(w: Workload, precision: str) -> dict:
 def run(args: argparse.Namespace) -> int:
     """Peak memory against step time over settings of ours and the peers: the Pareto front."""
     from dcr_bench.harness.ranks import free_port, spawn_for_rows
-    from dcr_bench.profile.compare import fold, rank_main
+    from dcr_bench.profile.compare import fold, rank_main, rank_options
 
     w = workload_from_args(args, NAME)
     todo = points(w, args.systems, not args.no_checkpointing)
@@ -156,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{i + 1}/{len(todo)}] {label}", flush=True)
         opts = {"device": "cpu", "warmup": args.warmup, "steps": args.steps, "progress": False,
                 "ours_config": cfg, "log_dir": os.path.abspath(os.path.join(args.out, "logs")),
-                "steady_malloc": not args.dynamic_malloc, "op_table": args.op_table}
+                **rank_options(args)}
         got = fold(spawn_for_rows(rank_main, args.world, args.world, free_port(), peer,
                                   args.precision, dataclasses.asdict(wl), opts))[0]
         row = {"label": label, "peer": peer, "ours_config": cfg, "checkpointing": wl.checkpointing,
