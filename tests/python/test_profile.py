@@ -156,7 +156,7 @@ def test_profile_budgets(tmp_path, capsys):
     assert cli.main(["profile", "--backends", "eager", "--precisions", "autocast",
                      "--setups", "ours", "--budgets", "1", "0.3", "0", "2", *TINY, "--steps",
                      "1", "--warmup", "0", "--profiled-steps", "1", "--quiet",
-                     "--out", str(out)]) == 0
+                     "--out", str(out), "--op-table"]) == 0
     text = capsys.readouterr().out
     rows, meta = results.load(str(out / "results.json"))
     assert meta["budgets"] == [1.0, 0.3, 0.0, 2.0]
@@ -186,6 +186,10 @@ def test_profile_budgets(tmp_path, capsys):
     assert (out / "results.csv").read_text().count("\n") == len(rows) + 1
     assert "budget_saved_bytes" in (out / "results.csv").read_text().splitlines()[0]
     assert (out / "budgets.png").stat().st_size > 0
+    # --op-table: rank 0's per-op profile of each profiled cell (an infeasible one has none)
+    tables = {p.name: p.read_text() for p in (out / "ops").iterdir()}
+    assert set(tables) == {f"eager-autocast-{s}-w2.ops.txt" for s in setups[:-1]}
+    assert all("dcr::allgather_cast" in t and "self_cpu_time_total" in t for t in tables.values())
 
 
 def test_timeline_aligns_phases_and_keeps_every_peak():

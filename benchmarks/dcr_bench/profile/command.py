@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "one with the smallest peak (gloo's threads free some buffers late)")
     g.add_argument("--out", default="profile-results", help="output folder")
     g.add_argument("--no-plots", action="store_true")
+    g.add_argument("--op-table", action="store_true",
+                   help="rank 0 writes each cell's per-op profile (device and host time) to "
+                        "<out>/ops/")
     g.add_argument("--quiet", action="store_true", help="no progress line")
     g.add_argument("--json", action="store_true", help="print results.json instead of the table")
 
@@ -131,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     workload = workload_from_args(args, NAME)
     parameters = sum(p.numel() for p in workload.build("autocast").parameters())
     opts = measure.RunOptions(warmup=args.warmup, steps=args.steps,
-                              profiled_steps=args.profiled_steps)
+                              profiled_steps=args.profiled_steps,
+                              op_table_dir=os.path.join(args.out, "ops") if args.op_table else "")
     cells = matrix(args.backends, args.precisions, args.setups, args.budgets)
     show = not args.quiet
     t0 = time.perf_counter()

@@ -46,6 +46,7 @@ class RunOptions:
     steps: int = 5  # timed steps (median)
     profiled_steps: int = 2  # profiled steps; the one with the smallest peak is kept
     timeline_points: int = 1500  # the memory timeline is thinned to about this many points
+    op_table_dir: str = ""  # when set, rank 0 writes each cell's per-op profile there
 
 
 def build_model(workload: Workload, precision: str, device):
@@ -152,6 +153,19 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _write_op_table(prof, cell: Cell, world: int, emulated: bool, device, out_dir: str) -> None:
+    """Where the step's time goes, per op: by device time (on a GPU) and by host time. A step
+    whose host time far exceeds its device time is bound by launches and Python, not the GPU."""
+    keys = (["self_device_time_total"] if device.type == "cuda" else []) + ["self_cpu_time_total"]
+    name = f"{cell.backend}-{cell.precision}-{cell.label}-w{world}{'e' if emulated else ''}.ops.txt"
+    os.makedirs(out_dir, exist_ok=True)
+    averages = prof.key_averages()
+    with open(os.path.join(out_dir, name), "w") as f:
+        for key in keys:
+            f.write(f"== {cell}, sorted by {key}\n")
+            f.write(averages.table(sort_by=key, row_limit=30, max_name_column_width=60) + "\n")
+
+
 def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world: int, device,
              emulated: bool, exact_counter: bool,
              progress: Optional[Callable[[str], None]] = None) -> dict:
@@ -222,6 +236,8 @@ def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world:
             gathered, calls = zero3.CommStats.allgather_bytes, zero3.CommStats.allgather_calls
             scatter_calls = zero3.CommStats.reduce_scatter_calls
         mem = memory.from_profile(prof, device.type)
+        if i == 0 and opts.op_table_dir and rank == 0:
+            _write_op_table(prof, cell, world, emulated, device, opts.op_table_dir)
         del prof
         if device.type == "cuda":  # exact figures from the allocator's stats: one more step
             cuda_peaks = memory.CudaStepPeaks(device)
