@@ -163,6 +163,76 @@ def cast_and_gather_packed(shards: Sequence[torch.Tensor], dtype: Optional[torch
     return handle if async_op else handle.wait()[0]
 
 
+# Every item of a mixed-dtype packed buffer starts at a multiple of this many bytes, so its
+# piece can be viewed in any dtype (and vector loads stay aligned).
+_PIECE_ALIGN = 16
+
+
+def packed_byte_layout(numels: Sequence[int], dtypes: Sequence[torch.dtype]) -> tuple:
+    """Where each item of a mixed-dtype packed buffer lies in one rank's row of bytes: the byte
+    offsets of the items (item i holds numels[i] elements of dtypes[i]), and the row's length.
+    Pure arithmetic, shared by the runtime, the fake tensors of tracing and the tests."""
+    offsets, row = [], 0
+    for n, dtype in zip(numels, dtypes):
+        offsets.append(row)
+        row += -(-int(n) * dtype.itemsize // _PIECE_ALIGN) * _PIECE_ALIGN
+    return offsets, row
+
+
+def check_item_casts(shards, dtypes) -> None:
+    """Raises ValueError unless the shards share a device and each cast is supported."""
+    if len(dtypes) != len(shards):
+        raise ValueError(f"one dtype per shard: {len(dtypes)} dtypes for {len(shards)} shards")
+    for i, (s, dtype) in enumerate(zip(shards, dtypes)):
+        if s.device != shards[0].device:
+            raise ValueError(f"shard {i} is on {s.device}, shard 0 on {shards[0].device}; a "
+                             "bucket's shards must share their device")
+        if dtype != s.dtype and (s.dtype != torch.float32 or dtype not in _CASTABLE):
+            raise ValueError(f"shard {i}: cast {s.dtype} -> {dtype} is not supported "
+                             "(float32 -> bfloat16/float16, or no cast)")
+
+
+def cast_and_gather_mixed(shards: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype],
+                          group=None, async_op: bool = False):
+    """A bucket whose items gather in different dtypes (say bf16-cast weights beside the fp32
+    norm weights autocast keeps) in ONE collective, as FSDP2 does with its byte buffers: the
+    packed buffer is bytes, (world, row) with row from packed_byte_layout; shard i is cast to
+    dtypes[i] into its piece of this rank's row, then the rows are gathered in place. Returns
+    the uint8 buffer (unpack_mixed gives the full parameters), or a GatherHandle whose wait()
+    returns [buffer]."""
+    world, rank = _world_and_rank(group)
+    if len(shards) == 0:
+        raise ValueError("cast_and_gather_mixed needs at least one shard")
+    check_item_casts(shards, dtypes)
+    numels = [s.numel() for s in shards]
+    offsets, row_bytes = packed_byte_layout(numels, dtypes)
+    buf = torch.empty(world * row_bytes, dtype=torch.uint8, device=shards[0].device)
+    row = buf.view(world, row_bytes)[rank]
+    pieces = [row[o:o + n * d.itemsize].view(d) for o, n, d in zip(offsets, numels, dtypes)]
+    with _device_guard(shards[0].device):
+        by_cast: dict = {}  # one fill per (shard dtype, target): a cast is one launch on CUDA
+        for s, piece, d in zip(shards, pieces, dtypes):
+            by_cast.setdefault((s.dtype, d), ([], []))
+            by_cast[(s.dtype, d)][0].append(s.reshape(-1))
+            by_cast[(s.dtype, d)][1].append(piece)
+        for (_, d), (group_shards, group_pieces) in by_cast.items():
+            fill_slots(group_shards, group_pieces, d)
+        works = gather_slots([buf], [row], group, shards[0].device, async_op=async_op) \
+            if world > 1 else []
+    handle = GatherHandle([buf], works=works)
+    return handle if async_op else handle.wait()[0]
+
+
+def unpack_mixed(buf: torch.Tensor, numels: Sequence[int], dtypes: Sequence[torch.dtype]
+                 ) -> List[torch.Tensor]:
+    """The full flat parameters of a gathered mixed-dtype buffer (cast_and_gather_mixed), each
+    a new tensor: rank r's slot of item i is row r's piece i."""
+    offsets, row_bytes = packed_byte_layout(numels, dtypes)
+    rows = buf.view(-1, row_bytes)
+    return [rows[:, o:o + n * d.itemsize].clone(memory_format=torch.contiguous_format)
+            .view(d).reshape(-1) for o, n, d in zip(offsets, numels, dtypes)]
+
+
 def cast_and_gather(shards: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]] = None,
                    dtype: Optional[torch.dtype] = None, group=None, async_op: bool = False):
     """See the module docstring. Returns the list of outputs, or a GatherHandle."""

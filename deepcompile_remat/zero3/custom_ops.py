@@ -15,13 +15,18 @@
         is deepcompile_remat.comm.cast_and_gather with async_op=True; allgather_cast is start +
         wait. (The bucket op below runs its packed form, comm.cast_and_gather_packed: the same
         fill_slots + gather_slots.)
-    bufs = torch.ops.dcr.allgather_cast_bucket(shards, world_size, group_name, dtype)
-    packed = torch.ops.dcr.allgather_cast_bucket_start(shards, world_size, group_name, dtype)
-    fulls = torch.ops.dcr.allgather_cast_bucket_wait(packed, sizes)
+    bufs = torch.ops.dcr.allgather_cast_bucket(shards, world_size, group_name, dtype,
+                                               item_dtypes=None)
+    packed = torch.ops.dcr.allgather_cast_bucket_start(shards, world_size, group_name, dtype,
+                                                       item_dtypes=None)
+    fulls = torch.ops.dcr.allgather_cast_bucket_wait(packed, sizes, item_dtypes=None)
         a bucket of small gathers in one collective (comm.cast_and_gather_packed), whole or in
         two halves like the single gather: the start returns the packed (world, sum(sizes))
         buffer in flight, the wait completes it and returns each parameter copied out (new
         tensors: no reader of the buffer but the wait, so no mutation to declare).
+        item_dtypes: a bucket whose members gather in different dtypes (bf16-cast weights and
+        the fp32 norm weights autocast keeps), one code (item_dtype_codes) per member; the
+        buffer is then bytes (comm.cast_and_gather_mixed) and `dtype` must be None.
     grad_shard = torch.ops.dcr.reduce_scatter_grad(full_grad, world_size, group_name)
         the average over ranks of each rank's full gradient, this rank's slot only (data
         parallel: the mean over the global batch when each rank's loss is a local mean).
@@ -66,6 +71,7 @@ import torch
 import torch.distributed as dist
 
 from deepcompile_remat import comm
+from deepcompile_remat.comm.cast_gather import check_item_casts
 from deepcompile_remat.comm.collectives import backend_name
 from deepcompile_remat.fx_values import OP_NAMESPACE, OPS
 
@@ -488,22 +494,62 @@ def _(full, parts, group_name):
     return full.new_empty(full.numel() // parts)
 
 
+# A bucket's per-member dtypes travel as codes: torch.library takes no list of dtypes.
+BUCKET_ITEM_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def item_dtype_codes(dtypes) -> list:
+    """The codes of allgather_cast_bucket's item_dtypes for these dtypes."""
+    bad = [d for d in dtypes if d not in BUCKET_ITEM_DTYPES]
+    if bad:
+        raise ValueError(f"{OP_NAMESPACE}::allgather_cast_bucket: no item dtype code for "
+                         f"{bad[0]} (codes exist for {', '.join(map(str, BUCKET_ITEM_DTYPES))})")
+    return [BUCKET_ITEM_DTYPES.index(d) for d in dtypes]
+
+
+def _item_dtypes(codes, n: int, op: str) -> list:
+    if len(codes) != n:
+        raise ValueError(f"{op}: {len(codes)} item_dtypes for {n} members")
+    if any(not 0 <= c < len(BUCKET_ITEM_DTYPES) for c in codes):
+        raise ValueError(f"{op}: item dtype codes must lie in [0, {len(BUCKET_ITEM_DTYPES)}), "
+                         f"got {list(codes)}")
+    return [BUCKET_ITEM_DTYPES[c] for c in codes]
+
+
+def bucket_buffer(shards, world_size: int, dtype=None, item_dtypes=None) -> tuple:
+    """(dtype, elements) of the packed buffer a bucket of these shards (tensors or fake
+    tensors) gathers into: the gather dtype and world x the shards' elements, or, with
+    item_dtypes, bytes (uint8) laid out by comm.packed_byte_layout."""
+    if item_dtypes is None:
+        return (shards[0].dtype if dtype is None else dtype), \
+            world_size * sum(s.numel() for s in shards)
+    dtypes = _item_dtypes(item_dtypes, len(shards), f"{OP_NAMESPACE}::allgather_cast_bucket")
+    _, row_bytes = comm.packed_byte_layout([s.numel() for s in shards], dtypes)
+    return torch.uint8, world_size * row_bytes
+
+
 @torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_bucket", mutates_args=())
 def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_name: str,
-                          dtype: Optional[torch.dtype] = None) -> list[torch.Tensor]:
+                          dtype: Optional[torch.dtype] = None,
+                          item_dtypes: Optional[list[int]] = None) -> list[torch.Tensor]:
     """One collective for a bucket of small parameters: every shard is cast into this rank's
     slot of one buffer, the buffer is gathered once, and each full parameter is copied out.
     Used by the schedule (zero3/schedule.py) inside already-differentiated graphs: no autograd."""
-    buf = _bucket_start(shards, world_size, group_name, dtype)
-    return _bucket_unpack(buf, [s.numel() for s in shards], f"{OP_NAMESPACE}::allgather_cast_bucket")
+    buf = _bucket_start(shards, world_size, group_name, dtype, item_dtypes)
+    return _bucket_unpack(buf, [s.numel() for s in shards], item_dtypes,
+                          f"{OP_NAMESPACE}::allgather_cast_bucket")
 
 
-def _bucket_start(shards, world_size: int, group_name: str, dtype) -> torch.Tensor:
+def _bucket_start(shards, world_size: int, group_name: str, dtype, item_dtypes) -> torch.Tensor:
     """Starts the packed gather of a bucket (one collective, cast on the way); returns the
-    (world * sum of shard lengths) buffer, registered in flight."""
-    _check_bucket(shards)
+    packed buffer (bucket_buffer), registered in flight."""
+    _check_bucket(shards, dtype, item_dtypes)
     group = resolve_group(group_name) if dist.is_initialized() else None
-    handle = comm.cast_and_gather_packed(shards, dtype, group, async_op=True)
+    if item_dtypes is None:
+        handle = comm.cast_and_gather_packed(shards, dtype, group, async_op=True)
+    else:
+        dtypes = _item_dtypes(item_dtypes, len(shards), f"{OP_NAMESPACE}::allgather_cast_bucket")
+        handle = comm.cast_and_gather_mixed(shards, dtypes, group, async_op=True)
     (buf,) = handle.outputs
     if world_size > 1:
         _count_gather(buf, world_size)
@@ -511,42 +557,52 @@ def _bucket_start(shards, world_size: int, group_name: str, dtype) -> torch.Tens
     return buf
 
 
-def _bucket_unpack(buf: torch.Tensor, sizes: list, op: str) -> list:
+def _bucket_unpack(buf: torch.Tensor, sizes: list, item_dtypes, op: str) -> list:
     """Waits for the packed gather into `buf`, then copies each full parameter out (its
     columns are strided in the buffer)."""
     _wait(buf, op)
+    if item_dtypes is not None:
+        return comm.unpack_mixed(buf, sizes, _item_dtypes(item_dtypes, len(sizes), op))
     rows = buf.view(-1, sum(sizes))
     return [block.reshape(-1).clone() for block in rows.split(sizes, dim=1)]
 
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_bucket_start", mutates_args=())
 def allgather_cast_bucket_start(shards: list[torch.Tensor], world_size: int, group_name: str,
-                                dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                                dtype: Optional[torch.dtype] = None,
+                                item_dtypes: Optional[list[int]] = None) -> torch.Tensor:
     """Starts allgather_cast_bucket; returns the packed buffer, not yet readable:
     allgather_cast_bucket_wait on it gives the full parameters."""
-    return _bucket_start(shards, world_size, group_name, dtype)
+    return _bucket_start(shards, world_size, group_name, dtype, item_dtypes)
 
 
 @allgather_cast_bucket_start.register_fake
-def _(shards, world_size, group_name, dtype=None):
-    _check_bucket(shards)
-    return shards[0].new_empty(world_size * sum(s.numel() for s in shards),
-                               dtype=shards[0].dtype if dtype is None else dtype)
+def _(shards, world_size, group_name, dtype=None, item_dtypes=None):
+    _check_bucket(shards, dtype, item_dtypes)
+    buf_dtype, numel = bucket_buffer(shards, world_size, dtype, item_dtypes)
+    return shards[0].new_empty(numel, dtype=buf_dtype)
 
 
 # Functional, unlike the single wait: it returns new tensors (the parameters copied out) and
 # nothing else reads `packed` (inductor lowers no mutating op with list outputs).
 @torch.library.custom_op(f"{OP_NAMESPACE}::allgather_cast_bucket_wait", mutates_args=())
-def allgather_cast_bucket_wait(packed: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+def allgather_cast_bucket_wait(packed: torch.Tensor, sizes: list[int],
+                               item_dtypes: Optional[list[int]] = None) -> list[torch.Tensor]:
     """Waits for the gather allgather_cast_bucket_start began into `packed` and returns the
-    full flat parameters (sizes: the shards' lengths, in order)."""
-    return _bucket_unpack(packed, list(sizes), f"{OP_NAMESPACE}::allgather_cast_bucket_wait")
+    full flat parameters (sizes: the shards' lengths, in order; item_dtypes: as the start's)."""
+    return _bucket_unpack(packed, list(sizes), item_dtypes,
+                          f"{OP_NAMESPACE}::allgather_cast_bucket_wait")
 
 
 @allgather_cast_bucket_wait.register_fake
-def _(packed, sizes):
-    world = packed.numel() // sum(sizes)
-    return [packed.new_empty(world * n) for n in sizes]
+def _(packed, sizes, item_dtypes=None):
+    if item_dtypes is None:
+        world = packed.numel() // sum(sizes)
+        return [packed.new_empty(world * n) for n in sizes]
+    dtypes = _item_dtypes(item_dtypes, len(sizes), f"{OP_NAMESPACE}::allgather_cast_bucket_wait")
+    _, row_bytes = comm.packed_byte_layout(sizes, dtypes)
+    world = packed.numel() // row_bytes
+    return [packed.new_empty(world * n, dtype=d) for n, d in zip(sizes, dtypes)]
 
 
 def _check_one_buffer(op: str, what: str, tensors) -> None:
@@ -561,13 +617,30 @@ def _check_one_buffer(op: str, what: str, tensors) -> None:
                 f"{first.device}; a bucket's {what}s must share dtype and device")
 
 
-def _check_bucket(shards) -> None:
-    _check_one_buffer(f"{OP_NAMESPACE}::allgather_cast_bucket", "shard", shards)
+def _check_bucket(shards, dtype=None, item_dtypes=None) -> None:
+    """One dtype throughout (one typed buffer), or item_dtypes (a byte buffer: any mix of the
+    supported casts, one device)."""
+    op = f"{OP_NAMESPACE}::allgather_cast_bucket"
+    if item_dtypes is None:
+        _check_one_buffer(op, "shard", shards)
+        return
+    if dtype is not None:
+        raise ValueError(f"{op}: give dtype or item_dtypes, not both")
+    if not shards:
+        raise ValueError(f"{op}: empty bucket")
+    dtypes = _item_dtypes(item_dtypes, len(shards), op)
+    try:
+        check_item_casts(shards, dtypes)
+    except ValueError as err:
+        raise ValueError(f"{op}: {err}") from None
 
 
 @allgather_cast_bucket.register_fake
-def _(shards, world_size, group_name, dtype=None):
-    _check_bucket(shards)
+def _(shards, world_size, group_name, dtype=None, item_dtypes=None):
+    _check_bucket(shards, dtype, item_dtypes)
+    if item_dtypes is not None:
+        dtypes = _item_dtypes(item_dtypes, len(shards), f"{OP_NAMESPACE}::allgather_cast_bucket")
+        return [s.new_empty(world_size * s.numel(), dtype=d) for s, d in zip(shards, dtypes)]
     return [s.new_empty(world_size * s.numel(), dtype=s.dtype if dtype is None else dtype)
             for s in shards]
 

@@ -20,6 +20,7 @@ from deepcompile_remat import _C
 from deepcompile_remat.config import AsyncGathers, RematConfig
 from deepcompile_remat.fx_arrays import compatibility_keys, graph_arrays, memory_graph
 from deepcompile_remat.fx_values import OPS, is_alias
+from deepcompile_remat.zero3 import custom_ops
 from deepcompile_remat.zero3.bucketing import members_by_bucket, replace_with_bucket
 from deepcompile_remat.zero3.passes import gather_dtype, is_allgather_cast
 
@@ -131,21 +132,32 @@ def apply_order(gm: fx.GraphModule, nodes: list, is_input: np.ndarray, order) ->
 
 
 def _gather_key(g: fx.Node) -> tuple:
-    """What a bucket's members must share: target dtype, the shard's dtype and device (one
-    buffer per bucket: a bf16 and an fp32 shard in one buffer would be promoted silently),
-    world size and group. In this order: buckets at one point are numbered by its text."""
+    """What a bucket's members must share: the shard's device, world size and group. Not the
+    dtypes: members that gather in different dtypes (bf16-cast weights beside the fp32 norm
+    weights autocast keeps) share a byte buffer (item_dtypes), as FSDP2's all-gathers do, so
+    a layer's gathers stay one collective. In this order: buckets at one point are numbered
+    by its text."""
     shard, world_size, group_name = g.args[:3]
-    val = shard.meta["val"]
-    return gather_dtype(g), val.dtype, str(val.device), world_size, group_name
+    return str(shard.meta["val"].device), world_size, group_name
+
+
+def _item_dtypes(members: list) -> list:
+    """Each member's gathered dtype: its cast target, else its shard's dtype."""
+    return [gather_dtype(m) or m.args[0].meta["val"].dtype for m in members]
 
 
 def _replace_with_bucket(gm: fx.GraphModule, members: list) -> None:
     """One dcr::allgather_cast_bucket where members[0] stands, its items in the members' place
-    (the members share their _gather_key)."""
+    (the members share their _gather_key). One typed buffer when every member's shard and
+    gathered dtypes are the first's; else a byte buffer, one item dtype per member."""
     first = members[0]
+    shards = [m.args[0] for m in members]
+    dtypes = _item_dtypes(members)
+    uniform = len({(s.meta["val"].dtype, d) for s, d in zip(shards, dtypes)}) == 1
+    kwargs = {"dtype": gather_dtype(first)} if uniform else \
+        {"item_dtypes": custom_ops.item_dtype_codes(dtypes)}
     replace_with_bucket(gm, members, first, OPS.allgather_cast_bucket.default,
-                        ([m.args[0] for m in members], first.args[1], first.args[2]),
-                        {"dtype": gather_dtype(first)})
+                        (shards, first.args[1], first.args[2]), kwargs)
 
 
 def _gather_backends(gm: fx.GraphModule) -> set:
@@ -214,13 +226,16 @@ def _split_prefetched(gm: fx.GraphModule) -> int:
             continue  # used right away: nothing to overlap
         if bucket:
             shards, world_size, group_name = gather.args[:3]
+            item_dtypes = gather.kwargs.get("item_dtypes")
             with gm.graph.inserting_before(gather):
                 start = gm.graph.call_function(dcr.allgather_cast_bucket_start.default,
                                                gather.args, gather.kwargs)
-                start.meta["val"] = _packed_val(gather.meta["val"])
+                start.meta["val"] = _packed_val(gather)
             with gm.graph.inserting_before(first_use):
-                wait = gm.graph.call_function(dcr.allgather_cast_bucket_wait.default,
-                                              (start, [s.meta["val"].numel() for s in shards]))
+                wait = gm.graph.call_function(
+                    dcr.allgather_cast_bucket_wait.default,
+                    (start, [s.meta["val"].numel() for s in shards]),
+                    {"item_dtypes": item_dtypes} if item_dtypes is not None else {})
                 wait.meta["val"] = gather.meta["val"]
             gather.replace_all_uses_with(wait)
             for item in sorted(items, key=position.__getitem__):
@@ -238,9 +253,12 @@ def _split_prefetched(gm: fx.GraphModule) -> int:
     return split
 
 
-def _packed_val(fulls: list):
-    """The packed buffer of a bucket whose full parameters are `fulls` (fake tensors)."""
-    return fulls[0].new_empty(sum(f.numel() for f in fulls))
+def _packed_val(bucket: fx.Node):
+    """The packed buffer (a fake tensor) of a dcr::allgather_cast_bucket node."""
+    shards = [s.meta["val"] for s in bucket.args[0]]
+    dtype, numel = custom_ops.bucket_buffer(shards, bucket.args[1], bucket.kwargs.get("dtype"),
+                                            bucket.kwargs.get("item_dtypes"))
+    return shards[0].new_empty(numel, dtype=dtype)
 
 
 def _is_gather_bucket(node: fx.Node) -> bool:

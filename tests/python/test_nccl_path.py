@@ -21,6 +21,7 @@ import recording_pg
 from deepcompile_remat import comm
 from deepcompile_remat.comm import collectives
 from deepcompile_remat.fx_values import OPS
+from deepcompile_remat.zero3 import custom_ops
 from deepcompile_remat.zero3.passes import gather_dtype
 from dist_utils import run_ranks
 from graph_checks import capture_partitions, reads_before_wait
@@ -73,15 +74,16 @@ def _check_log(records: list, world: int) -> dict:
 def _graph_collectives(graphs, world: int) -> tuple:
     """What the graphs' bucketed gathers and all their reduce-scatters put on the wire, once
     per run of the graph: Counters of (dtype, numel) as recording_pg records them (a packed
-    gather: world x the bucket's shards; a reduce-scatter: the full gradients' elements)."""
+    gather: its buffer, custom_ops.bucket_buffer; a reduce-scatter: the full gradients' elements)."""
     packed, scatters = Counter(), Counter()
     for fw, bw, _ in graphs:
         for node in [*fw.graph.nodes, *bw.graph.nodes]:
             if node.target in (_DCR.allgather_cast_bucket.default,
                                _DCR.allgather_cast_bucket_start.default):
                 shards = [s.meta["val"] for s in node.args[0]]
-                dtype = gather_dtype(node) or shards[0].dtype
-                packed[(str(dtype), world * sum(s.numel() for s in shards))] += 1
+                dtype, numel = custom_ops.bucket_buffer(shards, world, gather_dtype(node),
+                                                        node.kwargs.get("item_dtypes"))
+                packed[(str(dtype), numel)] += 1
             elif node.target in (_DCR.reduce_scatter_grad_bucket.default,
                                  _DCR.reduce_scatter_grad_bucket_start.default):
                 grads = [g.meta["val"] for g in node.args[0]]
@@ -100,21 +102,29 @@ def _nccl_training(rank, world, kind, config_name="unbucketed"):
     recording_pg.clear()
     # The records each packed gather (a bucket) issued: cast_and_gather_packed waits before it
     # returns, so they are the gathers logged during the call.
-    packed_records, real_packed = [], comm.cast_and_gather_packed
+    # Both packed forms: one typed buffer, or bytes for members of different dtypes.
+    packed_records = []
+    real = {name: getattr(comm, name)
+            for name in ("cast_and_gather_packed", "cast_and_gather_mixed")}
 
-    def packed_spy(*args, **kwargs):
-        before = len(recording_pg.log())
-        out = real_packed(*args, **kwargs)
-        packed_records.extend(r for r in recording_pg.log()[before:] if r["op"] == "all_gather")
-        return out
+    def spy(real_fn):
+        def packed_spy(*args, **kwargs):
+            before = len(recording_pg.log())
+            out = real_fn(*args, **kwargs)
+            packed_records.extend(r for r in recording_pg.log()[before:]
+                                  if r["op"] == "all_gather")
+            return out
+        return packed_spy
 
-    comm.cast_and_gather_packed = packed_spy
+    for name, fn in real.items():
+        setattr(comm, name, spy(fn))
     try:
         # "auto": async prefetch on NCCL only; here it must turn on.
         with capture_partitions() as graphs:
             _train_and_compare(rank, world, kind, True, CONFIGS[config_name])
     finally:
-        comm.cast_and_gather_packed = real_packed
+        for name, fn in real.items():
+            setattr(comm, name, fn)
     records = list(recording_pg.log())
     figures = _check_log(records, world)
     reps = dcr.reports()

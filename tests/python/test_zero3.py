@@ -9,6 +9,7 @@ import torch.nn as nn
 
 import deepcompile_remat as dcr
 from deepcompile_remat import zero3
+from deepcompile_remat.zero3 import custom_ops
 from deepcompile_remat.fx_values import OP_NAMESPACE, OPS
 from dcr_bench.harness.models import GPT, MLP
 from dist_utils import assert_trains_like_one_process, full_grads, run_ranks
@@ -497,20 +498,64 @@ def _mixed_dtypes(rank, world, kind):
     ref_out = reference(h)
     ref_out.sum().backward()
     zero3.shard(model)
-    out = torch.compile(model, backend=dcr.backend(kind))(h)
+    with capture_partitions() as graphs:
+        out = torch.compile(model, backend=dcr.backend(kind))(h)
     torch.testing.assert_close(out, ref_out)
     out.sum().backward()
     grads = full_grads(model)
     for name in ("g", "b"):  # every rank ran the same input: the mean is the one gradient
         torch.testing.assert_close(grads[name], getattr(reference, name).grad)
     assert dcr.reports(), "the partitioner did not run"
+    # Both gathers in one collective, a byte buffer that keeps each member's dtype
+    (fw, _, _), = graphs
+    buckets = [n for n in fw.graph.nodes if n.target in (OPS.allgather_cast_bucket.default,
+                                                         OPS.allgather_cast_bucket_start.default)]
+    assert len(buckets) == 1 and len(buckets[0].args[0]) == 2
+    assert sorted(buckets[0].kwargs["item_dtypes"]) == sorted(custom_ops.item_dtype_codes(
+        [torch.bfloat16, torch.float32]))
 
 
 @pytest.mark.parametrize("kind", ["eager", "inductor"])
-def test_mixed_parameter_dtypes_are_never_bucketed_together(kind):
-    """A bf16 and an fp32 shard in one bucket were gathered into one fp32 buffer while the
-    graph declared bf16: inductor's forward was off by ~4.9 with no error."""
+def test_mixed_parameter_dtypes_share_a_byte_bucket(kind):
+    """A bf16 and an fp32 shard in one bucket were once gathered into one fp32 buffer while
+    the graph declared bf16: inductor's forward was off by ~4.9 with no error. They now share
+    one collective through a byte buffer, each member in its own dtype, bit for bit."""
     run_ranks(_mixed_dtypes, 2, kind)
+
+
+def _mixed_bucket_op(rank, world):
+    """A byte-buffer bucket gives, bit for bit, what one gather per member gives, in one
+    collective, whole or split into start and wait; bad item dtypes get a clear error."""
+    g = torch.Generator().manual_seed(rank)
+    name = dist.group.WORLD.group_name
+    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    shards = [torch.randn(n, generator=g).to(d) for n, d in ((3, f32), (16, f32), (1, bf16),
+                                                              (5, f32), (7, bf16))]
+    targets = [bf16, f32, bf16, f16, bf16]
+    codes = custom_ops.item_dtype_codes(targets)
+    zero3.CommStats.reset()
+    whole = OPS.allgather_cast_bucket(shards, world, name, item_dtypes=codes)
+    assert zero3.CommStats.allgather_calls == 1
+    packed = OPS.allgather_cast_bucket_start(shards, world, name, item_dtypes=codes)
+    assert packed.dtype == torch.uint8
+    split = OPS.allgather_cast_bucket_wait(packed, [s.numel() for s in shards],
+                                           item_dtypes=codes)
+    singles = [OPS.allgather_cast(s, world, name, None if d == s.dtype else d)
+               for s, d in zip(shards, targets)]
+    for w, sp, one, d, s in zip(whole, split, singles, targets, shards):
+        assert w.dtype == sp.dtype == d and w.numel() == world * s.numel()
+        assert torch.equal(w, one) and torch.equal(sp, one)
+    with pytest.raises(ValueError, match="give dtype or item_dtypes, not both"):
+        OPS.allgather_cast_bucket(shards, world, name, bf16, item_dtypes=codes)
+    with pytest.raises(ValueError, match=r"shard 2: cast torch.bfloat16 -> torch.float32"):
+        OPS.allgather_cast_bucket(shards, world, name,
+                                  item_dtypes=custom_ops.item_dtype_codes([f32] * 5))
+    with pytest.raises(ValueError, match="4 item_dtypes for 5 members"):
+        OPS.allgather_cast_bucket(shards, world, name, item_dtypes=codes[:4])
+
+
+def test_mixed_dtype_bucket_op_matches_single_gathers():
+    run_ranks(_mixed_bucket_op, 2)
 
 
 def _bucket_op_rejects_mixed_dtypes(rank, world):
