@@ -120,7 +120,15 @@ def gather(shard: torch.Tensor, spec: ShardSpec, dtype: Optional[torch.dtype] = 
     return full[: spec.numel].view(spec.shape)
 
 
+# On a module while the forward of its eager unit (zero3/eager_unit.py) runs: name -> the full
+# parameter the unit gathered with the others, read instead of a gather of its own.
+HELD_ATTR = "_dcr_held"
+
+
 def _read_parameter(module: nn.Module, name: str) -> torch.Tensor:
+    held = module.__dict__.get(HELD_ATTR)
+    if held is not None and name in held and not torch.compiler.is_compiling():
+        return guard(held[name], (module, name))
     full = _gathered(module, name, compute=True)
     if torch.compiler.is_compiling():
         return full

@@ -843,3 +843,52 @@ def test_biased_projections_share_their_layers_bucket():
     took only single gathers, so each of Qwen2's q/k/v projections was a collective of its own
     (4 bf16 gathers a layer instead of 1; 58 collectives a step against 34 at 4 layers)."""
     run_ranks(_biased_projections_per_layer, 2)
+
+
+# --- eager units: the parameters around per-layer compiled blocks --------------------------------
+
+def _one_step_collectives(model, idx, autocast) -> tuple:
+    zero3.CommStats.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        _loss(model(idx)).backward()
+    calls = zero3.CommStats.allgather_calls, zero3.CommStats.reduce_scatter_calls
+    model.zero_grad()
+    return calls
+
+
+def _eager_unit(rank, world, autocast, tied):
+    """Layers compiled one by one, the model around them one eager unit: training equals one
+    unsharded process (tied embedding and head too), and the parameters around the layers
+    cost one gather and one reduce-scatter a step instead of one per parameter."""
+    torch.manual_seed(0)
+    model = GPT(layers=2)
+    if tied:
+        model.head.weight = model.tok.weight
+    reference = copy.deepcopy(model)
+    batches = [torch.randint(0, 64, (GLOBAL_BATCH, 16)) for _ in range(STEPS)]
+    per_rank = GLOBAL_BATCH // world
+    local = [b[rank * per_rank:(rank + 1) * per_rank] for b in batches]
+    plain = copy.deepcopy(model)  # the same, without the unit: per-parameter collectives
+    for m in (model, plain):
+        zero3.shard(m)
+        for block in m.blocks:
+            block.compile(backend=dcr.backend("eager"))
+    assert zero3.eager_unit(model, exclude=model.blocks) is model
+    # Reads of tok, pos, ln_f.weight, ln_f.bias, head.weight: without the unit each is a
+    # gather and a reduce-scatter (a tied weight twice), with it one of each in all.
+    around = 5
+    unit_calls = _one_step_collectives(model, local[0], autocast)
+    plain_calls = _one_step_collectives(plain, local[0], autocast)
+    assert plain_calls[0] - unit_calls[0] == around - 1, (unit_calls, plain_calls)
+    assert plain_calls[1] - unit_calls[1] == around - 1, (unit_calls, plain_calls)
+    losses = _train(model, local, autocast)
+    ref_losses = _train(reference, batches, autocast)
+    assert_trains_like_one_process(model, reference, losses, ref_losses, autocast, world)
+    assert not any("_dcr_held" in m.__dict__ for m in model.modules()), "held copies leaked"
+    with pytest.raises(ValueError, match="holds no sharded parameter outside"):
+        zero3.eager_unit(model, exclude=[model])
+
+
+@pytest.mark.parametrize("autocast,tied", [(False, False), (True, True)])
+def test_eager_unit_gathers_the_rest_of_the_model_at_once(autocast, tied):
+    run_ranks(_eager_unit, 2, autocast, tied)

@@ -9,7 +9,9 @@ AdamW step, gradients released).
                                     gathers and reduce-scatters grouped like FSDP2's per-layer
                                     all-gathers (fewer collectives, a layer gathered at once)
     ours-inductor-blocks            the layer-bucket row with each layer compiled on its own, the
-                                    model around the layers eager (fsdp2-block-compiled's way).
+                                    model around the layers eager (fsdp2-block-compiled's way)
+                                    and one zero3.eager_unit (FSDP2's root unit: its parameters
+                                    gathered in one collective, reduce-scattered in one).
                                     A transformers model compiled whole with HF checkpointing
                                     builds its causal mask inside the graph and every SDPA gets
                                     attn_mask=<mask>, is_causal=False: ~40% more time per
@@ -132,6 +134,8 @@ def ours(kind: str, layer_buckets: bool = False, mixed_precision: bool = False,
         if per_block:  # torchtitan's way: the layers compiled, the model around them eager
             for block in blocks(model):
                 block.compile(backend=dcr.backend(kind, config))
+            # ... and one unit, as FSDP2's root: one gather and one reduce-scatter a step
+            zero3.eager_unit(model, exclude=blocks(model))
             run = model
         else:
             run = torch.compile(model, backend=dcr.backend(kind, config))
