@@ -43,6 +43,11 @@ from deepcompile_remat.comm.nan_policy import target_name, torch_nan_option
 _CASTABLE = (torch.bfloat16, torch.float16)
 
 
+def _cast_supported(src: torch.dtype, dst: torch.dtype) -> bool:
+    """No cast, or float32 -> bfloat16/float16 (the casts fill_slots runs)."""
+    return dst == src or (src == torch.float32 and dst in _CASTABLE)
+
+
 class GatherHandle:
     """The pending gather of a bucket. wait() returns the outputs once they may be read."""
 
@@ -95,7 +100,7 @@ def _check_and_allocate(shards: Sequence[torch.Tensor], outputs, dtype, world: i
         if s.device != device or s.dtype != shards[0].dtype:
             raise ValueError("all shards of a bucket must share device and dtype")
     dtype = shards[0].dtype if dtype is None else dtype
-    if dtype != shards[0].dtype and (shards[0].dtype != torch.float32 or dtype not in _CASTABLE):
+    if not _cast_supported(shards[0].dtype, dtype):
         raise ValueError(f"cast {shards[0].dtype} -> {dtype} is not supported "
                          "(float32 -> bfloat16/float16, or no cast)")
     if outputs is None:
@@ -187,7 +192,7 @@ def check_item_casts(shards, dtypes) -> None:
         if s.device != shards[0].device:
             raise ValueError(f"shard {i} is on {s.device}, shard 0 on {shards[0].device}; a "
                              "bucket's shards must share their device")
-        if dtype != s.dtype and (s.dtype != torch.float32 or dtype not in _CASTABLE):
+        if not _cast_supported(s.dtype, dtype):
             raise ValueError(f"shard {i}: cast {s.dtype} -> {dtype} is not supported "
                              "(float32 -> bfloat16/float16, or no cast)")
 
@@ -212,9 +217,9 @@ def cast_and_gather_mixed(shards: Sequence[torch.Tensor], dtypes: Sequence[torch
     with _device_guard(shards[0].device):
         by_cast: dict = {}  # one fill per (shard dtype, target): a cast is one launch on CUDA
         for s, piece, d in zip(shards, pieces, dtypes):
-            by_cast.setdefault((s.dtype, d), ([], []))
-            by_cast[(s.dtype, d)][0].append(s.reshape(-1))
-            by_cast[(s.dtype, d)][1].append(piece)
+            group_shards, group_pieces = by_cast.setdefault((s.dtype, d), ([], []))
+            group_shards.append(s.reshape(-1))
+            group_pieces.append(piece)
         for (_, d), (group_shards, group_pieces) in by_cast.items():
             fill_slots(group_shards, group_pieces, d)
         works = gather_slots([buf], [row], group, shards[0].device, async_op=async_op) \

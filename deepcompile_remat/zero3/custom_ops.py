@@ -516,6 +516,17 @@ def _item_dtypes(codes, n: int, op: str) -> list:
     return [BUCKET_ITEM_DTYPES[c] for c in codes]
 
 
+def bucket_kwargs(shard_dtypes, gathered_dtypes) -> dict:
+    """allgather_cast_bucket's dtype arguments for members with these shard and gathered
+    dtypes: one typed buffer (`dtype`, None for no cast) when every member's pair is the
+    first's, else a byte buffer (`item_dtypes`)."""
+    pairs = set(zip(shard_dtypes, gathered_dtypes))
+    if len(pairs) == 1:
+        (src, dst), = pairs
+        return {"dtype": None if dst == src else dst}
+    return {"item_dtypes": item_dtype_codes(gathered_dtypes)}
+
+
 def bucket_buffer(shards, world_size: int, dtype=None, item_dtypes=None) -> tuple:
     """(dtype, elements) of the packed buffer a bucket of these shards (tensors or fake
     tensors) gathers into: the gather dtype and world x the shards' elements, or, with
@@ -543,12 +554,11 @@ def allgather_cast_bucket(shards: list[torch.Tensor], world_size: int, group_nam
 def _bucket_start(shards, world_size: int, group_name: str, dtype, item_dtypes) -> torch.Tensor:
     """Starts the packed gather of a bucket (one collective, cast on the way); returns the
     packed buffer (bucket_buffer), registered in flight."""
-    _check_bucket(shards, dtype, item_dtypes)
+    dtypes = _check_bucket(shards, dtype, item_dtypes)
     group = resolve_group(group_name) if dist.is_initialized() else None
-    if item_dtypes is None:
+    if dtypes is None:
         handle = comm.cast_and_gather_packed(shards, dtype, group, async_op=True)
     else:
-        dtypes = _item_dtypes(item_dtypes, len(shards), f"{OP_NAMESPACE}::allgather_cast_bucket")
         handle = comm.cast_and_gather_mixed(shards, dtypes, group, async_op=True)
     (buf,) = handle.outputs
     if world_size > 1:
@@ -617,13 +627,13 @@ def _check_one_buffer(op: str, what: str, tensors) -> None:
                 f"{first.device}; a bucket's {what}s must share dtype and device")
 
 
-def _check_bucket(shards, dtype=None, item_dtypes=None) -> None:
+def _check_bucket(shards, dtype=None, item_dtypes=None) -> Optional[list]:
     """One dtype throughout (one typed buffer), or item_dtypes (a byte buffer: any mix of the
-    supported casts, one device)."""
+    supported casts, one device). Returns the item dtypes decoded (None without them)."""
     op = f"{OP_NAMESPACE}::allgather_cast_bucket"
     if item_dtypes is None:
         _check_one_buffer(op, "shard", shards)
-        return
+        return None
     if dtype is not None:
         raise ValueError(f"{op}: give dtype or item_dtypes, not both")
     if not shards:
@@ -633,13 +643,13 @@ def _check_bucket(shards, dtype=None, item_dtypes=None) -> None:
         check_item_casts(shards, dtypes)
     except ValueError as err:
         raise ValueError(f"{op}: {err}") from None
+    return dtypes
 
 
 @allgather_cast_bucket.register_fake
 def _(shards, world_size, group_name, dtype=None, item_dtypes=None):
-    _check_bucket(shards, dtype, item_dtypes)
-    if item_dtypes is not None:
-        dtypes = _item_dtypes(item_dtypes, len(shards), f"{OP_NAMESPACE}::allgather_cast_bucket")
+    dtypes = _check_bucket(shards, dtype, item_dtypes)
+    if dtypes is not None:
         return [s.new_empty(world_size * s.numel(), dtype=d) for s, d in zip(shards, dtypes)]
     return [s.new_empty(world_size * s.numel(), dtype=s.dtype if dtype is None else dtype)
             for s in shards]

@@ -41,12 +41,9 @@ class _GatherUnit(torch.autograd.Function):
         ctx.world_size, ctx.group_name = world_size, group_name
         ctx.shard_dtypes = [s.dtype for s in shards]
         ctx.set_materialize_grads(False)  # an unused parameter gets no gradient
-        if len({(s.dtype, d) for s, d in zip(shards, dtypes)}) == 1:
-            cast = None if dtypes[0] == shards[0].dtype else dtypes[0]
-            return tuple(OPS.allgather_cast_bucket(list(shards), world_size, group_name, cast))
         return tuple(OPS.allgather_cast_bucket(
             list(shards), world_size, group_name,
-            item_dtypes=custom_ops.item_dtype_codes(dtypes)))
+            **custom_ops.bucket_kwargs(ctx.shard_dtypes, dtypes)))
 
     @staticmethod
     def backward(ctx, *grads):

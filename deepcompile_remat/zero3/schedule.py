@@ -152,10 +152,8 @@ def _replace_with_bucket(gm: fx.GraphModule, members: list) -> None:
     gathered dtypes are the first's; else a byte buffer, one item dtype per member."""
     first = members[0]
     shards = [m.args[0] for m in members]
-    dtypes = _item_dtypes(members)
-    uniform = len({(s.meta["val"].dtype, d) for s, d in zip(shards, dtypes)}) == 1
-    kwargs = {"dtype": gather_dtype(first)} if uniform else \
-        {"item_dtypes": custom_ops.item_dtype_codes(dtypes)}
+    kwargs = custom_ops.bucket_kwargs([s.meta["val"].dtype for s in shards],
+                                      _item_dtypes(members))
     replace_with_bucket(gm, members, first, OPS.allgather_cast_bucket.default,
                         (shards, first.args[1], first.args[2]), kwargs)
 

@@ -71,6 +71,16 @@ def _stderr_silenced():
         os.close(devnull)
 
 
+def op_table(prof, device_type: str, title: str, row_limit: int = 30) -> str:
+    """Where a profiled step's time goes, per op: by device time (on a GPU) and by host time.
+    A step whose host time far exceeds its device time is bound by launches and Python."""
+    keys = (["self_device_time_total"] if device_type == "cuda" else []) + ["self_cpu_time_total"]
+    averages = prof.key_averages()
+    return "".join(f"== {title}, sorted by {key}\n"
+                   + averages.table(sort_by=key, row_limit=row_limit, max_name_column_width=60)
+                   + "\n" for key in keys)
+
+
 @contextlib.contextmanager
 def profiled(**kwargs):
     """torch.profiler.profile(**kwargs), without kineto's two lines per run on stderr

@@ -82,7 +82,8 @@ def add_rank_arguments(g) -> None:
                         "default they are fixed, harness/steady_malloc.py, so no system's step "
                         "time depends on its process's history)")
     g.add_argument("--op-table", action="store_true",
-                   help="rank 0 writes the profiled step's ops by self CPU time to "
+                   help="rank 0 writes the profiled step's ops by self CPU time (and device "
+                        "time on a GPU) to "
                         "<out>/logs/<system>-<precision>[-ckpt].ops.txt (where a system's "
                         "time goes)")
 
@@ -186,7 +187,7 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
         row.update(_step_figures(prof, device_type))
         if opts.get("op_table") and rank == 0:
             with open(os.path.join(opts["log_dir"], f"{tag}.ops.txt"), "w") as f:
-                f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+                f.write(memory.op_table(prof, device_type, tag, row_limit=40))
         row["held_at_rest"] = system.held()
         from deepcompile_remat.partition.report import reports
 

@@ -154,16 +154,11 @@ def _sync(device) -> None:
 
 
 def _write_op_table(prof, cell: Cell, world: int, emulated: bool, device, out_dir: str) -> None:
-    """Where the step's time goes, per op: by device time (on a GPU) and by host time. A step
-    whose host time far exceeds its device time is bound by launches and Python, not the GPU."""
-    keys = (["self_device_time_total"] if device.type == "cuda" else []) + ["self_cpu_time_total"]
+    """The cell's per-op profile (memory.op_table) to out_dir."""
     name = f"{cell.backend}-{cell.precision}-{cell.label}-w{world}{'e' if emulated else ''}.ops.txt"
     os.makedirs(out_dir, exist_ok=True)
-    averages = prof.key_averages()
     with open(os.path.join(out_dir, name), "w") as f:
-        for key in keys:
-            f.write(f"== {cell}, sorted by {key}\n")
-            f.write(averages.table(sort_by=key, row_limit=30, max_name_column_width=60) + "\n")
+        f.write(memory.op_table(prof, device.type, str(cell)))
 
 
 def run_cell(cell: Cell, workload: Workload, opts: RunOptions, rank: int, world: int, device,
