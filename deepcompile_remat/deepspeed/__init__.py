@@ -3,16 +3,19 @@
     engine, *_ = deepcompile_remat.deepspeed.initialize(model=model, optimizer=opt,
                                                         config="configs/zero3_remat.json")
 
-config.py      the "deepcompile_remat" block -> RematConfig: config_from_deepspeed; load();
-               a misnamed/misplaced block refused; what the takeover does not implement
+config.py      the ds_config read once: DeepSpeedSettings (the block's RematConfig among them);
+               config_from_deepspeed; load(); a misnamed/misplaced block refused; what the
+               takeover does not implement
+adapter.py     DeepSpeedAdapter: every patch of DeepSpeed made, recorded and undone in one
+               place; the start-up check that each DeepSpeed attribute used exists (0.19.8)
 engine.py      initialize(): deepspeed.initialize, then the takeover when the block is enabled;
                install() / uninstall(): every caller of deepspeed.initialize gets ours
 takeover.py    ZeRO-3 parameters as our traced gathers, gradients into DeepSpeed's partitions
+optimizer_step.py  DeepSpeed's optimizer step holding only what it reads
 deepcompile.py with DeepCompile on (CUDA): our partitioner in place of DeepSpeed's
-_ds_internals.py  every private DeepSpeed attribute used, in one place (deepspeed 0.19.8)
+_ds_internals.py  DeepSpeed's data the takeover frees, re-points and brings back
 
-Only engine.py/takeover.py/deepcompile.py import deepspeed, and only when called: reading a
-config block needs no DeepSpeed installed.
+DeepSpeed is imported only when called: reading a config block needs no DeepSpeed installed.
 """
 from deepcompile_remat.deepspeed.config import BLOCK, config_from_deepspeed
 from deepcompile_remat.deepspeed.engine import initialize, install, installed, uninstall

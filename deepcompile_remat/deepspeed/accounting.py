@@ -20,7 +20,7 @@ counted once, under the first owner that reaches it in this order:
 An alias is reported once under its first owner and listed in ``aliases`` (owner -> the owner
 it shares storage with), so a reader sees what was not copied. Bytes are storage bytes: a
 view counts its whole storage once. No DeepSpeed import; reads the attributes DeepSpeed 0.19.8
-sets (_ds_internals.py lists the private ones). Meta tensors (what the takeover leaves where it
+sets (adapter.py lists the private ones). Meta tensors (what the takeover leaves where it
 freed a buffer) hold no bytes and are skipped."""
 from __future__ import annotations
 

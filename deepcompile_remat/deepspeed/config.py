@@ -26,6 +26,7 @@ import difflib
 import json
 import os
 import re
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Union
 
 from deepcompile_remat.config import RematConfig
@@ -144,9 +145,13 @@ def config_from_deepspeed(ds_config: Union[str, os.PathLike, Mapping[str, Any]])
     return parse_block(ds_config, where)
 
 
-# --- what the takeover does not implement --------------------------------------------------------
-# Settings by their DeepSpeed config names, read from the config (before DeepSpeed builds the
-# engine: takeover_settings) or from the engine (takeover.check_supported); one list of problems.
+# --- the DeepSpeed settings the takeover depends on ----------------------------------------------
+
+def _key(name: str, default: Any) -> Any:
+    """A DeepSpeedSettings field: `name` is the setting's DeepSpeed config name (what every
+    message and the ranks' comparison call it), `default` DeepSpeed's default."""
+    return field(default=default, metadata={"key": name})
+
 
 def _section(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = cfg.get(key)
@@ -160,39 +165,153 @@ def _offload_device(zero: Mapping[str, Any], key: str, deprecated_flag: str) -> 
     return device
 
 
-def takeover_settings(cfg: Mapping[str, Any]) -> dict:
-    """The settings unsupported_by_takeover() checks, as the DeepSpeed config sets them (absent:
-    DeepSpeed's default)."""
-    zero = _section(cfg, "zero_optimization")
-    return {"zero_optimization.offload_optimizer": _offload_device(zero, "offload_optimizer",
-                                                                   "cpu_offload"),
-            "zero_optimization.offload_param": _offload_device(zero, "offload_param",
-                                                               "cpu_offload_param"),
-            "zero_optimization.zero_hpz_partition_size": zero.get("zero_hpz_partition_size", 1),
-            "zero_optimization.mics_shard_size": zero.get("mics_shard_size", -1),
-            "gradient_predivide_factor": cfg.get("gradient_predivide_factor", 1.0),
-            "sequence_parallel_size": cfg.get("sequence_parallel_size", 1)}
+def _stage(cfg: Mapping[str, Any]) -> Any:
+    """zero_optimization.stage (0 when absent; None when "zero_optimization" is no section)."""
+    zero = cfg.get("zero_optimization") or {}
+    return zero.get("stage", 0) if isinstance(zero, Mapping) else None
+
+
+def _enabled(section: Any) -> Any:
+    return section.get("enabled") if isinstance(section, Mapping) else section
 
 
 def _more_than(value: Any, bound: float) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > bound
 
 
-def unsupported_by_takeover(settings: Mapping[str, Any]) -> list:
-    """What in `settings` (takeover_settings' keys) the takeover does not implement, one
-    sentence each; [] when it can take over."""
-    problems = []
-    for key in ("zero_optimization.offload_optimizer", "zero_optimization.offload_param"):
-        device = settings.get(key)
-        if device is not None and str(getattr(device, "value", device)) != "none":
-            problems.append(f"{key} (device {str(getattr(device, 'value', device))!r}) is not "
-                            "supported: the takeover keeps parameters, gradients and optimizer "
-                            "states where DeepSpeed's ZeRO-3 partitions them, on the accelerator")
-    if _more_than(settings.get("zero_optimization.mics_shard_size"), 0):
-        problems.append("zero_optimization.mics_shard_size > 0 (MiCS) is not supported")
-    factor = settings.get("gradient_predivide_factor")
-    if factor is not None and factor != 1.0:
-        problems.append(f"gradient_predivide_factor {factor!r} != 1.0 is not supported")
-    if _more_than(settings.get("sequence_parallel_size"), 1):
-        problems.append("sequence parallelism (sequence_parallel_size > 1) is not supported")
-    return problems
+def _device_name(device: Any) -> Any:
+    """An offload device as the config spells it ("cpu", "nvme"; DeepSpeed's enum's value)."""
+    return None if device is None else str(getattr(device, "value", device))
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """Every setting of a DeepSpeed config that deepcompile_remat depends on, read once
+    (from_config) before DeepSpeed builds the engine; engine.py and takeover.py read this,
+    never the config. Each field but `where`, `remat` and `for_deepspeed` carries the value of
+    one DeepSpeed setting (its metadata "key" is the setting's DeepSpeed name; absent: DeepSpeed's
+    default). from_engine reads the same settings from a built engine, which may have them from
+    elsewhere than the config (an mpu, DeepSpeed's defaults)."""
+
+    where: str
+    """Where the config came from (its path, "base64 config", "DeepSpeed config"); errors
+    name it."""
+    remat: RematConfig
+    """The "deepcompile_remat" block (RematConfig.disabled() when absent)."""
+    stage: Any = _key("zero_optimization.stage", 0)
+    """The ZeRO stage; the takeover takes over stage 3 only."""
+    offload_optimizer: Any = _key("zero_optimization.offload_optimizer", None)
+    """The optimizer offload device ("cpu", "nvme"; "cpu_offload": true is "cpu"); refused."""
+    offload_param: Any = _key("zero_optimization.offload_param", None)
+    """The parameter offload device ("cpu_offload_param": true is "cpu"); refused."""
+    zero_hpz_partition_size: Any = _key("zero_optimization.zero_hpz_partition_size", 1)
+    """ZeRO++'s hpZ: > 1 makes the backward re-gather within DeepSpeed's hpZ group of this many
+    ranks, which the takeover maps onto the runtime's secondary group (takeover.py); taken over,
+    not refused."""
+    mics_shard_size: Any = _key("zero_optimization.mics_shard_size", -1)
+    """MiCS (> 0); refused."""
+    gradient_predivide_factor: Any = _key("gradient_predivide_factor", 1.0)
+    """Anything but 1.0 refused: the takeover's reduce-scatter averages once."""
+    sequence_parallel_size: Any = _key("sequence_parallel_size", 1)
+    """Sequence parallelism (> 1); refused."""
+    bf16: Any = _key("bf16.enabled", None)
+    """DeepSpeed's bf16 mode (16-bit partitions from an fp32 master)."""
+    fp16: Any = _key("fp16.enabled", None)
+    """DeepSpeed's fp16 mode."""
+    torch_autocast: Any = _key("torch_autocast", None)
+    """The torch_autocast section as given (fp32 partitions, bf16 compute)."""
+    deepcompile: Any = _key("compile.deepcompile", None)
+    """DeepCompile on: it runs ZeRO-3 and our partitioner replaces its own (CUDA only)."""
+    for_deepspeed: Mapping = field(default_factory=dict, repr=False, compare=False)
+    """The config DeepSpeed is given: this one without the "deepcompile_remat" block."""
+
+    @classmethod
+    def from_config(cls, ds_config: Mapping[str, Any], where: str) -> "DeepSpeedSettings":
+        """The settings of `ds_config` (a dict: load()'s), the block parsed and validated
+        (parse_block); `where` is the config's source, which errors name."""
+        zero = _section(ds_config, "zero_optimization")
+        return cls(
+            where=where, remat=parse_block(ds_config, where),
+            stage=_stage(ds_config),
+            offload_optimizer=_offload_device(zero, "offload_optimizer", "cpu_offload"),
+            offload_param=_offload_device(zero, "offload_param", "cpu_offload_param"),
+            zero_hpz_partition_size=zero.get("zero_hpz_partition_size", 1),
+            mics_shard_size=zero.get("mics_shard_size", -1),
+            gradient_predivide_factor=ds_config.get("gradient_predivide_factor", 1.0),
+            sequence_parallel_size=ds_config.get("sequence_parallel_size", 1),
+            bf16=_enabled(ds_config.get("bf16")), fp16=_enabled(ds_config.get("fp16")),
+            torch_autocast=ds_config.get("torch_autocast"),
+            deepcompile=_section(ds_config, "compile").get("deepcompile"),
+            for_deepspeed={k: v for k, v in ds_config.items() if k != BLOCK})
+
+    @classmethod
+    def from_engine(cls, engine, remat: RematConfig) -> "DeepSpeedSettings":
+        """The settings the takeover refuses, as the built `engine` resolved them (DeepSpeed's
+        public config getters); the rest keep their defaults."""
+        return cls(
+            where="the DeepSpeed engine", remat=remat, stage=engine.zero_optimization_stage(),
+            offload_optimizer=_device_name(getattr(engine.zero_offload_optimizer(), "device",
+                                                   None)),
+            offload_param=_device_name(getattr(engine.zero_offload_param(), "device", None)),
+            zero_hpz_partition_size=engine.zero_hpz_partition_size(),
+            gradient_predivide_factor=engine.gradient_predivide_factor(),
+            sequence_parallel_size=getattr(engine, "sequence_parallel_size", 1))
+
+    @property
+    def takes_over(self) -> bool:
+        """Whether deepcompile_remat takes the engine over itself: the block enabled and
+        DeepCompile off (with DeepCompile on, DeepCompile runs ZeRO-3)."""
+        return self.remat.enabled and not self.deepcompile
+
+    @property
+    def hpz(self) -> bool:
+        """Whether hpZ is on (zero_hpz_partition_size > 1)."""
+        return _more_than(self.zero_hpz_partition_size, 1)
+
+    def unsupported(self) -> list:
+        """What the takeover does not implement, one sentence each, by DeepSpeed's names;
+        [] when it can take over. hpZ is taken over (zero_hpz_partition_size)."""
+        problems = []
+        for name in ("offload_optimizer", "offload_param"):
+            device = _device_name(getattr(self, name))
+            if device is not None and device != "none":
+                problems.append(f"{self.key(name)} (device {device!r}) is not supported: the "
+                                "takeover keeps parameters, gradients and optimizer states "
+                                "where DeepSpeed's ZeRO-3 partitions them, on the accelerator")
+        if _more_than(self.mics_shard_size, 0):
+            problems.append(f"{self.key('mics_shard_size')} > 0 (MiCS) is not supported")
+        if self.gradient_predivide_factor is not None and self.gradient_predivide_factor != 1.0:
+            problems.append(f"gradient_predivide_factor {self.gradient_predivide_factor!r} != "
+                            "1.0 is not supported")
+        if _more_than(self.sequence_parallel_size, 1):
+            problems.append("sequence parallelism (sequence_parallel_size > 1) is not supported")
+        return problems
+
+    def check_enabled(self) -> None:
+        """With the block enabled: ZeRO stage 3, and (when deepcompile_remat takes over itself)
+        nothing unsupported(); a ValueError naming the config and the settings otherwise.
+        Called before DeepSpeed builds the engine (minutes on a large model), not after."""
+        if not self.remat.enabled:
+            return
+        if self.stage != 3:
+            raise ValueError(
+                f"{self.where}: \"{BLOCK}\" is enabled but zero_optimization.stage is "
+                f"{self.stage!r}: deepcompile_remat takes over ZeRO stage 3 only. Set "
+                f"\"zero_optimization\": {{\"stage\": 3}}, or \"{BLOCK}\": {{\"enabled\": false}}.")
+        problems = self.unsupported() if self.takes_over else []
+        if problems:
+            raise ValueError(f"{self.where}: deepcompile_remat cannot take over this DeepSpeed "
+                             "engine: " + "; ".join(problems) + f". Remove them, or set "
+                             f"\"{BLOCK}\": {{\"enabled\": false}} for stock DeepSpeed.")
+
+    @classmethod
+    def key(cls, name: str) -> str:
+        """The DeepSpeed config name of field `name`."""
+        return cls.__dataclass_fields__[name].metadata["key"]
+
+    def for_ranks(self) -> dict:
+        """What every rank must agree on, by DeepSpeed's names: the block (every field with
+        its default, backend included) and each DeepSpeed setting above."""
+        return {**{f"{BLOCK}.{k}": v for k, v in self.remat.as_dict().items()},
+                **{f.metadata["key"]: getattr(self, f.name) for f in fields(self)
+                   if "key" in f.metadata}}

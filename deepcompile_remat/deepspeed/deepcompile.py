@@ -19,6 +19,7 @@ import contextlib
 import functools
 
 from deepcompile_remat.deepspeed import _ds_internals as ds
+from deepcompile_remat.deepspeed.adapter import DeepSpeedAdapter
 
 
 def ds_parameter_indices(example_inputs) -> list:
@@ -27,10 +28,10 @@ def ds_parameter_indices(example_inputs) -> list:
 
 
 @contextlib.contextmanager
-def our_partitioner(remat, parameter_indices, num_graph_inputs):
+def our_partitioner(remat, parameter_indices, num_graph_inputs, adapter: DeepSpeedAdapter):
     """Context manager: while it is open, both partitioner entry points DeepCompile uses (the
-    eager backend's module-global and inductor's custom_partitioner_fn) are our
-    RematPartitioner; both are restored on exit."""
+    eager backend's module-global, patched through `adapter`, and inductor's
+    custom_partitioner_fn) are our RematPartitioner; both are restored on exit."""
     import torch._inductor.config as inductor_config
 
     from deepcompile_remat.backends import RematPartitioner
@@ -39,26 +40,24 @@ def our_partitioner(remat, parameter_indices, num_graph_inputs):
     # wrapper passes keywords only).
     ours = RematPartitioner(remat, parameter_indices, num_graph_inputs)
     dc_backend = ds.deepcompile_backend_module()
-    saved = dc_backend.min_cut_rematerialization_partition
-    dc_backend.min_cut_rematerialization_partition = ours
-    try:
-        with inductor_config.patch(custom_partitioner_fn=ours):
-            yield
-    finally:
-        dc_backend.min_cut_rematerialization_partition = saved
+    with adapter.replaced(dc_backend, "min_cut_rematerialization_partition", ours), \
+            inductor_config.patch(custom_partitioner_fn=ours):
+        yield
 
 
-def wrap_backend(backend_fn, remat):
+def wrap_backend(backend_fn, remat, adapter: DeepSpeedAdapter):
     """DeepCompile's backend function, partitioning with ours."""
 
     @functools.wraps(backend_fn)
     def backend_with_our_partitioner(gm, example_inputs, *args, **kwargs):
-        with our_partitioner(remat, ds_parameter_indices(example_inputs), len(example_inputs)):
+        with our_partitioner(remat, ds_parameter_indices(example_inputs), len(example_inputs),
+                             adapter):
             return backend_fn(gm, example_inputs, *args, **kwargs)
 
     return backend_with_our_partitioner
 
 
-def install(engine, remat) -> None:
-    """Makes the backend engine.compile() gets from DeepCompile partition with ours (remat)."""
-    ds.wrap_deepcompile_backend(engine, lambda fn: wrap_backend(fn, remat))
+def install(engine, remat, adapter: DeepSpeedAdapter) -> None:
+    """Makes the backend engine.compile() gets from DeepCompile partition with ours (remat);
+    every patch through `adapter`."""
+    ds.wrap_deepcompile_backend(engine, lambda fn: wrap_backend(fn, remat, adapter), adapter)

@@ -4,11 +4,15 @@
         model=model, optimizer=opt, config="configs/zero3_remat.json")
     loss = engine(batch); engine.backward(loss); engine.step(); engine.save_checkpoint(dir)
 
-Block absent or disabled: deepspeed.initialize(...) with the arguments as given (a block
-misnamed or misplaced, "deepcompile-remat" or nested in "zero_optimization", is an error either
-way). Enabled: ZeRO stage 3 is required, and what the takeover does not implement (offload, hpZ,
-MiCS, ...) is refused, both from the config before any engine is built; the block is removed
-from the config DeepSpeed sees; then either
+The config is read once, into a DeepSpeedSettings (config.py): every DeepSpeed setting this
+module and the takeover depend on. Block absent or disabled: deepspeed.initialize(...) with the
+arguments as given (a block misnamed or misplaced, "deepcompile-remat" or nested in
+"zero_optimization", is an error either way). Enabled: ZeRO stage 3 is required, what the
+takeover does not implement (offload, MiCS, a gradient predivide factor, sequence parallelism)
+is refused, and every DeepSpeed class and module attribute the takeover uses must exist
+(adapter.check_deepspeed: an error naming each missing one), all before any engine is built;
+hpZ (zero_hpz_partition_size) is taken over as the runtime's node-local re-gathers. The block
+is removed from the config DeepSpeed sees; then either
   - DeepCompile off: take_over() (takeover.py) puts the engine's parameters under our traced
     gathers and compiles the module with our backend, or
   - DeepCompile on (CUDA only): DeepCompile runs ZeRO-3 and we replace its partitioner
@@ -18,32 +22,38 @@ Takeover after take_over(), whose repr is one line (``Takeover(backend='inductor
 parameters=24, released_bytes=3221225472, gathers_from_master=True)``: the backend kind
 compiling the module, the parameters taken over, the bytes of DeepSpeed's unused reduce buckets
 released, whether the forward gathers from the fp32 master: "bf16"); None with
-DeepCompile; absent on an engine built without the block. Rank 0 logs the same facts in one
-INFO line of the "deepcompile_remat" logger at takeover.
+DeepCompile; absent on an engine built without the block (and once destroyed). Rank 0 logs
+the same facts in one INFO line of the "deepcompile_remat" logger at takeover.
+
+Every patch of DeepSpeed is made by one DeepSpeedAdapter per engine (adapter.py), which
+records it; engine.destroy() and uninstall() undo them.
 
 Either way, with several ranks, every rank's block (defaults filled in) and the DeepSpeed
-settings the takeover depends on are compared first: ranks that disagree would build
-different engines and hang in their first mismatched collective, so they fail at once with a
-message naming the key and the ranks.
+settings the takeover depends on (DeepSpeedSettings.for_ranks) are compared first: ranks that
+disagree would build different engines and hang in their first mismatched collective, so they
+fail at once with a message naming the key and the ranks.
 
 Callers that call deepspeed.initialize themselves (transformers' Trainer, Accelerate): one line
 before them, ``deepcompile_remat.deepspeed.install()``, makes deepspeed.initialize this
-function for every caller; ``uninstall()`` puts DeepSpeed's back. Both are idempotent, and this
-function always calls DeepSpeed's own initialize, never whatever deepspeed.initialize is now.
+function for every caller; ``uninstall()`` puts back what install() replaced and ends every
+takeover still alive. Both are idempotent, and this function always calls DeepSpeed's own
+initialize, never whatever deepspeed.initialize is now.
 """
 from __future__ import annotations
 
 import copy
 import logging
 import sys
-from typing import Any, Callable, Mapping
+from typing import Callable
 
-from deepcompile_remat.config import RematConfig, check_ranks_agree
-from deepcompile_remat.deepspeed.config import (BLOCK, load, parse_block, takeover_settings,
-                                                unsupported_by_takeover)
+from deepcompile_remat.config import check_ranks_agree
+from deepcompile_remat.deepspeed.adapter import (DeepSpeedAdapter, check_deepspeed,
+                                                 put_back_unrecorded, undo_every_adapter)
+from deepcompile_remat.deepspeed.config import BLOCK, DeepSpeedSettings, load
 
 log = logging.getLogger(__name__)
 _stock: dict = {}  # "initialize": DeepSpeed's own deepspeed.initialize, once seen
+_INSTALL = DeepSpeedAdapter("install()")  # its one patch: deepspeed.initialize
 
 
 def _remember_stock(fn) -> None:
@@ -72,12 +82,14 @@ def install() -> None:
     looks it up when it calls (transformers' Trainer, Accelerate, `deepspeed.initialize(...)`
     in user code). Idempotent; uninstall() reverses it. A `from deepspeed import initialize`
     made before this keeps DeepSpeed's own: a warning names each module that holds it so, and
-    another patch of deepspeed.initialize that this replaces."""
+    another patch of deepspeed.initialize that this replaces (uninstall() puts it back)."""
     import deepspeed
 
     stock = stock_initialize()
+    if installed():
+        return
     _warn_if_bound_elsewhere(deepspeed.initialize, stock)
-    deepspeed.initialize = initialize
+    _INSTALL.replace(deepspeed, "initialize", initialize)
 
 
 def _qualified(fn) -> str:
@@ -117,12 +129,15 @@ def _warn_if_bound_elsewhere(current, stock) -> None:
 
 
 def uninstall() -> None:
-    """Puts DeepSpeed's own deepspeed.initialize back (nothing to do if install() was not
-    called)."""
+    """Undoes every patch deepcompile_remat made to DeepSpeed: deepspeed.initialize is what
+    install() replaced (DeepSpeed's own where ours was set by hand), and every engine still
+    taken over ends its takeover (Takeover.end: DeepSpeed's attributes its own again; such an
+    engine cannot train any more). Nothing to do if nothing was patched."""
     import deepspeed
 
-    if getattr(deepspeed.initialize, "_dcr_initialize", False):
-        deepspeed.initialize = stock_initialize()
+    undo_every_adapter()
+    if installed():  # `deepspeed.initialize = dcr_ds.initialize`, by hand: no record
+        put_back_unrecorded(deepspeed, "initialize", stock_initialize())
 
 
 def installed() -> bool:
@@ -142,53 +157,6 @@ def _config_of(args, config, config_params):
     if path is not None:
         return path, "args.deepspeed_config"
     return None, None
-
-
-def _stage(cfg: Mapping[str, Any]):
-    zero = cfg.get("zero_optimization") or {}
-    return zero.get("stage", 0) if isinstance(zero, Mapping) else None
-
-
-def _check_enabled_config(cfg: Mapping[str, Any], where: str) -> bool:
-    """Stage 3 or a clear error; returns whether DeepCompile is on."""
-    stage = _stage(cfg)
-    if stage != 3:
-        raise ValueError(
-            f"{where}: \"{BLOCK}\" is enabled but zero_optimization.stage is {stage!r}: "
-            f"deepcompile_remat takes over ZeRO stage 3 only. Set \"zero_optimization\": "
-            f"{{\"stage\": 3}}, or \"{BLOCK}\": {{\"enabled\": false}}.")
-    compile_cfg = cfg.get("compile") or {}
-    if not isinstance(compile_cfg, Mapping):
-        return False
-    return bool(compile_cfg.get("deepcompile", False))
-
-
-def _refuse_unsupported(cfg: Mapping[str, Any], where: str) -> None:
-    """What the takeover does not implement, refused from the config itself: before DeepSpeed
-    builds the engine (minutes on a large model), not after."""
-    problems = unsupported_by_takeover(takeover_settings(cfg))
-    if problems:
-        raise ValueError(f"{where}: deepcompile_remat cannot take over this DeepSpeed engine: "
-                         + "; ".join(problems) + f". Remove them, or set \"{BLOCK}\": "
-                         "{\"enabled\": false} for stock DeepSpeed.")
-
-
-def _enabled(section: Any) -> Any:
-    return section.get("enabled") if isinstance(section, Mapping) else section
-
-
-def effective_settings(cfg: Mapping[str, Any], remat: RematConfig) -> dict:
-    """What every rank must agree on: the block's RematConfig, every field with its default
-    (backend included), and the DeepSpeed settings that decide what the takeover does (stage,
-    precision, DeepCompile)."""
-    compile_cfg = cfg.get("compile")
-    return {**{f"{BLOCK}.{k}": v for k, v in remat.as_dict().items()},
-            "zero_optimization.stage": _stage(cfg),
-            "bf16.enabled": _enabled(cfg.get("bf16")),
-            "fp16.enabled": _enabled(cfg.get("fp16")),
-            "torch_autocast": cfg.get("torch_autocast"),
-            "compile.deepcompile": (compile_cfg.get("deepcompile")
-                                    if isinstance(compile_cfg, Mapping) else None)}
 
 
 def _init_distributed(distributed_port, dist_init_required) -> None:
@@ -217,36 +185,41 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     value, source = _config_of(args, config, config_params)
     if value is None:  # deepspeed's own error
         return stock(**kwargs)
-    cfg, where = load(value)
-    remat = parse_block(cfg, where)
+    settings = DeepSpeedSettings.from_config(*load(value))
     # This rank's own checks first: a rank that fails here exits, and the launcher ends the rest.
-    deepcompile_on = remat.enabled and _check_enabled_config(cfg, where)
-    if remat.enabled and not deepcompile_on:
-        _refuse_unsupported(cfg, where)
-    if deepcompile_on:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"{where}: compile.deepcompile is true, but DeepCompile needs CUDA "
-                             "and none is available; set it false to let deepcompile_remat "
-                             "take over ZeRO-3 itself")
+    _check_before_building(settings)
     # Then every rank's view of the config, before any rank builds an engine from it.
     if dist_init_required is not False:
         _init_distributed(distributed_port, dist_init_required)
-    check_ranks_agree(effective_settings(cfg, remat), where)
-    if not remat.enabled:
+    check_ranks_agree(settings.for_ranks(), settings.where)
+    if not settings.remat.enabled:
         return stock(**kwargs)
 
     # DeepSpeed accepts the unknown top-level block silently today; it is ours, not its.
-    stripped = {k: v for k, v in cfg.items() if k != BLOCK}
-    kwargs.update(config=stripped, config_params=None)
+    kwargs.update(config=dict(settings.for_deepspeed), config_params=None)
     if source == "args.deepspeed_config":
         kwargs["args"] = copy.copy(args)
         kwargs["args"].deepspeed_config = None
     result = stock(**kwargs)
-    engine = result[0]
-    _attach(engine, remat, deepcompile_on)
+    _attach(result[0], settings)
     return result
+
+
+def _check_before_building(settings: DeepSpeedSettings) -> None:
+    """With the block enabled, before DeepSpeed builds the engine (minutes on a large model):
+    the settings the takeover needs (stage 3, nothing it does not implement), CUDA under
+    DeepCompile, and every DeepSpeed class and module attribute it will use."""
+    if not settings.remat.enabled:
+        return
+    settings.check_enabled()
+    if settings.deepcompile:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"{settings.where}: compile.deepcompile is true, but DeepCompile "
+                             "needs CUDA and none is available; set it false to let "
+                             "deepcompile_remat take over ZeRO-3 itself")
+    check_deepspeed(deepcompile=bool(settings.deepcompile))
 
 
 initialize._dcr_initialize = True  # how install()/stock_initialize() recognise ours
@@ -258,21 +231,20 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def _attach(engine, remat: RematConfig, deepcompile_on: bool) -> None:
-    from deepcompile_remat.deepspeed import _ds_internals
-
-    _ds_internals.warn_if_other_version()  # the stage was checked in the config it was built from
-    if deepcompile_on:
+def _attach(engine, settings: DeepSpeedSettings) -> None:
+    if settings.deepcompile:
         from deepcompile_remat.deepspeed import deepcompile
 
-        deepcompile.install(engine, remat)
+        remat, adapter = settings.remat, DeepSpeedAdapter("DeepCompile's partitioner")
+        adapter.check_engine(engine)
+        deepcompile.install(engine, remat, adapter)
+        adapter.undo_on_destroy(engine)
         engine.compile(backend=remat.backend_kind)
-        engine.dcr_takeover = None
+        adapter.add(engine, "dcr_takeover", None)
         if _rank() == 0:
             log.info("deepcompile_remat: DeepCompile runs ZeRO-3; deepcompile_remat's "
                      "partitioner replaces DeepCompile's (backend %s)", remat.backend_kind)
         return
     from deepcompile_remat.deepspeed.takeover import take_over
 
-    engine.dcr_takeover = take_over(engine, remat)
-
+    take_over(engine, settings)

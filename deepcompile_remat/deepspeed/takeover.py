@@ -1,4 +1,4 @@
-"""take_over(engine, remat): a stock DeepSpeed ZeRO-3 engine, parameters handled by us.
+"""take_over(engine, settings): a stock DeepSpeed ZeRO-3 engine, parameters handled by us.
 
 After deepspeed.initialize every parameter is a DeepSpeed ZeRO-3 parameter: an empty
 placeholder whose rank-local slice lives in ``param.ds_tensor`` (1-D, padded, in the dtype
@@ -27,6 +27,13 @@ gradient in place. Elsewhere it is copied into DeepSpeed's flat buffer, which th
 from the first gradient of a backward to the end of the optimizer step. The engine's own
 backward epilogue then runs unchanged (empty reduce buckets): optimizer step, clipping,
 overflow checks and checkpoints read the partitions as they always do.
+
+What the takeover reads of the config is its DeepSpeedSettings (config.py); every patch it makes
+to DeepSpeed (methods of the optimizer and engine, flags, hook handles, engine.dcr_takeover) is
+made by the Takeover's DeepSpeedAdapter (adapter.py), after adapter.check_engine, and undone by
+engine.destroy() or uninstall(): Takeover.end() first gives DeepSpeed its data back in its own
+layout, and a forward after it raises. The model's own modules (their class, forward and shard
+leaves) stay as the takeover made them.
 """
 from __future__ import annotations
 
@@ -40,7 +47,9 @@ import torch.nn as nn
 
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.deepspeed import _ds_internals as ds
-from deepcompile_remat.deepspeed.config import unsupported_by_takeover
+from deepcompile_remat.deepspeed.adapter import DeepSpeedAdapter, stage3_optimizer_class
+from deepcompile_remat.deepspeed.config import DeepSpeedSettings
+from deepcompile_remat.deepspeed.optimizer_step import hold_gradients_only_in_the_step
 from deepcompile_remat.zero3 import custom_ops
 from deepcompile_remat.zero3.shard import (ShardSpec, attach_specs, check_secondary_group, gather,
                                           sharded_class, specs_of)
@@ -59,9 +68,11 @@ def _gathered(module: nn.Module, name: str) -> torch.Tensor:
 
 @dataclass(repr=False)
 class Takeover:
-    """What initialize() attached to the engine (engine.dcr_takeover): the block's config
-    (remat), the backend kind compiling the module now (kind), one (DeepSpeed parameter, shard
-    leaf) pair per parameter taken over (leaves; tied parameters share one), and the bytes of
+    """What initialize() attached to the engine (engine.dcr_takeover): the DeepSpeed settings
+    it was taken over with (settings; the block's config is settings.remat), the adapter that
+    made and records every patch of DeepSpeed (adapter; engine.destroy() and uninstall() undo
+    it, end() first), the backend kind compiling the module now (kind), one (DeepSpeed
+    parameter, shard leaf) pair per parameter taken over (leaves; tied parameters share one), and the bytes of
     DeepSpeed's buffers it released (released_bytes: the unused gradient reduce buckets, and
     under torch_autocast the fp32 partitions DeepSpeed copied where it meant to alias the
     parameter partitions; _ds_internals.alias_fp32_partitions). Under "bf16" (and "fp16")
@@ -71,7 +82,8 @@ class Takeover:
     repr is one line: ``Takeover(backend='inductor', parameters=24, released_bytes=0,
     gathers_from_master=False)``."""
 
-    remat: RematConfig
+    settings: DeepSpeedSettings
+    adapter: DeepSpeedAdapter
     kind: str = ""  # the backend kind the module's forward is compiled with now
     leaves: list = field(default_factory=list)  # (DeepSpeed parameter, shard leaf)
     written: set = field(default_factory=set)  # ds_ids whose slot this micro-batch has written
@@ -87,8 +99,15 @@ class Takeover:
     masters_at: tuple = ()
     # Whether DeepSpeed's gradient slots are the backward's own gradients (no flat buffer)
     per_parameter_gradients: bool = False
-    # Parameters whose backward re-gathers within DeepSpeed's hpZ group (zero_hpz_partition_size)
+    # Parameters whose DeepSpeed secondary partitions (hpZ: zero_hpz_partition_size) are dropped
     hpz_params: list = field(default_factory=list)
+    # Whether end() ran (engine.destroy() or uninstall()): the engine cannot train any more
+    ended: bool = False
+
+    @property
+    def remat(self) -> RematConfig:
+        """The "deepcompile_remat" block the engine was taken over with."""
+        return self.settings.remat
 
     def __repr__(self) -> str:
         return (f"Takeover(backend={self.kind!r}, parameters={len(self.leaves)}, "
@@ -106,6 +125,19 @@ class Takeover:
                 + (f"; gathers from the fp32 master weights, DeepSpeed's 16-bit parameter "
                    f"partitions ({self.sixteen_bit.nbytes / 2**20:.1f} MiB) dropped"
                    if self.sixteen_bit is not None else ""))
+
+    def end(self) -> None:
+        """Gives DeepSpeed its data back in its own layout (the 16-bit partitions, the flat
+        gradient buffer) and removes the shard leaves' gradient hooks; the adapter then undoes
+        every patch (registered with adapter.before_undo: engine.destroy() and uninstall() run
+        it). A forward after it raises."""
+        self.ended = True
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        if self.sixteen_bit is not None:
+            self.sixteen_bit.bring_back()
+        ds.restore_grad_partitions(self.optimizer)
 
     def sync(self) -> None:
         """Before each forward: re-point a leaf whose partition DeepSpeed moved to new storage
@@ -127,22 +159,22 @@ class Takeover:
             p.ds_secondary_tensor = None
 
 
-def check_supported(engine) -> None:
+def check_supported(engine, settings: DeepSpeedSettings) -> None:
     """What the takeover does not implement, refused before anything is touched: the settings
-    initialize() already refused from the config (read again from the engine, which may have
-    them from elsewhere: an mpu, DeepSpeed's defaults), and an optimizer that is not ZeRO-3's."""
+    initialize() already refused from the config, read again from the engine, which may have
+    them from elsewhere (an mpu, DeepSpeed's defaults), and an optimizer that is not ZeRO-3's;
+    and an engine whose hpZ differs from the config's (the settings the takeover reads)."""
     problems = []
-    if type(engine.optimizer) is not ds.stage3_optimizer_class():  # MiCS subclasses it
+    if type(engine.optimizer) is not stage3_optimizer_class():  # MiCS subclasses it
         problems.append(f"the engine's optimizer is {type(engine.optimizer).__name__}, not "
                         "DeepSpeed's ZeRO-3 optimizer (pass an optimizer or an \"optimizer\" "
                         "block; inference-only engines and MiCS are not supported)")
-    problems += unsupported_by_takeover({
-        "zero_optimization.offload_optimizer": getattr(engine.zero_offload_optimizer(), "device",
-                                                       None),
-        "zero_optimization.offload_param": getattr(engine.zero_offload_param(), "device", None),
-        "zero_optimization.zero_hpz_partition_size": engine.zero_hpz_partition_size(),
-        "gradient_predivide_factor": engine.gradient_predivide_factor(),
-        "sequence_parallel_size": getattr(engine, "sequence_parallel_size", 1)})
+    in_engine = DeepSpeedSettings.from_engine(engine, settings.remat)
+    problems += in_engine.unsupported()
+    if in_engine.zero_hpz_partition_size != settings.zero_hpz_partition_size:
+        problems.append(f"the engine's {DeepSpeedSettings.key('zero_hpz_partition_size')} is "
+                        f"{in_engine.zero_hpz_partition_size!r}, the config's "
+                        f"{settings.zero_hpz_partition_size!r} ({settings.where})")
     if problems:
         raise ValueError("deepcompile_remat: cannot take over this DeepSpeed engine: "
                          + "; ".join(problems))
@@ -192,55 +224,6 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
     return hook
 
 
-def _hold_gradients_only_in_the_step(optimizer, sixteen_bit) -> bool:
-    """DeepSpeed holds its flat gradient buffer for the whole run, copies it once more in the
-    optimizer step (flatten), and the backward's gradients are copied into it, so at the end
-    of a backward both exist. Here, where DeepSpeed's step allows it
-    (_ds_internals.reads_gradients_per_parameter), there is no flat buffer: each slot is the
-    gradient the backward produced, read by the step in place and freed after it. Elsewhere
-    the buffer exists from the first gradient a backward writes until the optimizer step that
-    reads it. Either way the step holds no copy it does not read
-    (_ds_internals.step_without_copies): what our own runtime holds. Anything else that reads
-    the buffer (offload_states) gets it back first, holding the gradients written so far.
-    Returns whether gradients are per parameter."""
-    per_parameter = ds.reads_gradients_per_parameter(optimizer)
-    step_ended = ds.step_without_copies(optimizer, per_parameter, sixteen_bit)
-    step, offload_states = optimizer.step, getattr(optimizer, "offload_states", None)
-    epilogue = optimizer.independent_gradient_partition_epilogue
-
-    def before_reading():
-        if per_parameter:
-            ds.fill_unwritten_grad_partitions(optimizer)  # unused parameters: zeros
-        else:
-            ds.restore_grad_partitions(optimizer)  # a step with no backward reads zeros
-
-    def epilogue_reading_every_slot(*args, **kwargs):
-        before_reading()
-        result = epilogue(*args, **kwargs)
-        if sixteen_bit is not None:
-            ds.zeros_for_placeholders(optimizer)  # frozen parameters' zeros_like(ds_tensor)
-        return result
-
-    def step_then_release(*args, **kwargs):
-        before_reading()
-        try:
-            return step(*args, **kwargs)
-        finally:
-            step_ended()
-            ds.release_grad_partitions(optimizer)
-
-    optimizer.step = step_then_release
-    optimizer.independent_gradient_partition_epilogue = epilogue_reading_every_slot
-    if offload_states is not None:
-        def restore_then_offload(*args, **kwargs):
-            ds.restore_grad_partitions(optimizer)
-            return offload_states(*args, **kwargs)
-
-        optimizer.offload_states = restore_then_offload
-    ds.release_grad_partitions(optimizer)
-    return per_parameter
-
-
 def requested_kind(backend: Any) -> Optional[str]:
     """Our backend kind for what engine.compile(backend=...) names: "inductor" is inductor,
     "eager" and "aot_eager" (AOTAutograd, FX graphs run as they are) are our eager; anything
@@ -284,19 +267,28 @@ def _engine_compile(takeover: Takeover, compile_forward):
     return compile
 
 
-def _regather_within_hpz_groups(module) -> list:
-    """ZeRO++'s hpZ (zero_hpz_partition_size > 1) as our node-local re-gathers: each
+def _regather_within_hpz_groups(module, settings: DeepSpeedSettings) -> list:
+    """ZeRO++'s hpZ (settings.zero_hpz_partition_size > 1) as our node-local re-gathers: each
     parameter's data-parallel group re-gathers in the backward within DeepSpeed's hpZ group
     (zero3.shard(secondary_group=) semantics: a secondary shard kept from the forward to the
-    backward only). DeepSpeed's own secondary partitions, which it keeps between steps and its
+    backward only); an hpZ group of the whole data-parallel group (hpZ >= its size) re-gathers
+    as without hpZ. DeepSpeed's own secondary partitions, which it keeps between steps and its
     gathers (now ours) would read, are dropped. Returns the parameters that had an hpZ group."""
     params = []
-    for p in module.parameters():
+    for name, p in module.named_parameters():
         secondary = getattr(p, "ds_zero_param_process_group", None)
+        if (secondary is not None) != settings.hpz:
+            raise RuntimeError(
+                f"deepcompile_remat: {settings.where}: "
+                f"{DeepSpeedSettings.key('zero_hpz_partition_size')} is "
+                f"{settings.zero_hpz_partition_size!r}, but DeepSpeed gave parameter {name!r} "
+                f"{'an' if secondary is not None else 'no'} hpZ group (built under a "
+                "deepspeed.zero.Init with another config?)")
         if secondary is None:
             continue
         group = p.ds_process_group if p.ds_process_group is not None else dist.group.WORLD
-        if custom_ops.secondary_group_of(group) is not secondary:
+        if (dist.get_world_size(secondary) < dist.get_world_size(group)
+                and custom_ops.secondary_group_of(group) is not secondary):
             check_secondary_group(group, secondary)
             custom_ops.set_secondary_group(group, secondary)
         p.ds_secondary_tensor = None
@@ -304,24 +296,17 @@ def _regather_within_hpz_groups(module) -> list:
     return params
 
 
-def take_over(engine, remat: RematConfig) -> Takeover:
-    """Puts a stock ZeRO-3 engine's parameters under our traced gathers and compiles its
-    module's forward with our backend (module docstring); returns what was attached."""
-    from deepcompile_remat.backends import backend
-
-    check_supported(engine)
-    module, optimizer = engine.module, engine.optimizer
+def _check_parameters(module) -> None:
     for name, p in module.named_parameters():
         if not hasattr(p, "ds_tensor"):
             raise RuntimeError(f"deepcompile_remat: parameter {name!r} is not a DeepSpeed ZeRO-3 "
                                "parameter (added after deepspeed.initialize?)")
-    ds.remove_zero3_hooks(engine)
-    ds.release_gathered_parameters(engine)
-    released = ds.release_reduce_buckets(optimizer)
-    released_fp32 = ds.alias_fp32_partitions(optimizer)
 
-    # "bf16"/"fp16": each leaf is the parameter's slice of the fp32 master, gathered with a
-    # cast to 16 bits (as our own runtime's param_dtype), and the 16-bit partitions dropped.
+
+def _master_slices(module, optimizer) -> dict:
+    """"bf16"/"fp16": ds_id -> the parameter's slice of the fp32 master, which its leaf
+    becomes (gathered with a cast to 16 bits, as our own runtime's param_dtype); {} where the
+    takeover cannot gather from the master (_ds_internals.can_gather_from_master)."""
     masters = ds.master_slices(optimizer) if ds.can_gather_from_master(optimizer) else {}
     for name, p in module.named_parameters():
         if p.ds_id in masters and not torch.equal(masters[p.ds_id].to(p.ds_tensor.dtype),
@@ -330,14 +315,32 @@ def take_over(engine, remat: RematConfig) -> Takeover:
                 f"deepcompile_remat: parameter {name!r}: DeepSpeed's fp32 master partition is not "
                 "where the takeover expects it (its 16-bit partition is not its cast); "
                 "_ds_internals.master_slices no longer matches this DeepSpeed")
-    sixteen_bit = (ds.SixteenBitPartitions(optimizer, [p for p in module.parameters()
-                                                       if p.ds_id in masters])
-                   if masters else None)
-    takeover = Takeover(remat, released_bytes=released + released_fp32,
-                        released_fp32_bytes=released_fp32, sixteen_bit=sixteen_bit,
-                        optimizer=optimizer)
-    takeover.per_parameter_gradients = _hold_gradients_only_in_the_step(optimizer, sixteen_bit)
-    takeover.hpz_params = _regather_within_hpz_groups(module)
+    return masters
+
+
+def _start(engine, settings: DeepSpeedSettings) -> Takeover:
+    """Checks, then DeepSpeed's hooks removed and what only they used released; the
+    Takeover, its adapter ending it on engine.destroy()."""
+    check_supported(engine, settings)
+    adapter = DeepSpeedAdapter("the takeover")
+    adapter.check_engine(engine)  # before the first patch
+    module, optimizer = engine.module, engine.optimizer
+    _check_parameters(module)
+    ds.remove_zero3_hooks(engine, adapter)
+    ds.release_gathered_parameters(engine, adapter)
+    released = ds.release_reduce_buckets(optimizer)
+    released_fp32 = ds.alias_fp32_partitions(optimizer)
+    takeover = Takeover(settings, adapter, released_bytes=released + released_fp32,
+                        released_fp32_bytes=released_fp32, optimizer=optimizer)
+    adapter.before_undo(takeover.end)
+    adapter.undo_on_destroy(engine)
+    return takeover
+
+
+def _attach_leaves(takeover: Takeover, module, masters: dict) -> None:
+    """One shard leaf per parameter (tied ones share it), each module's attributes
+    properties gathering them (zero3.shard.sharded_class), each leaf's gradient handed to
+    DeepSpeed's slot by a post-accumulate-grad hook."""
     leaves: dict = {}
     for mod in module.modules():
         names = tuple(n for n, p in mod._parameters.items() if p is not None)
@@ -348,27 +351,43 @@ def take_over(engine, remat: RematConfig) -> Takeover:
             p = mod._parameters[n]
             master = masters.get(p.ds_id)
             spec = _spec(p, p.ds_tensor.dtype if master is not None else None)
-            if id(p) not in leaves:  # tied parameters share one leaf
-                leaf = nn.Parameter(master if master is not None else p.ds_tensor.data,
-                                    requires_grad=p.requires_grad)
-                leaves[id(p)] = leaf
-                takeover.leaves.append((p, leaf))
-                if p.requires_grad:
-                    takeover.handles.append(leaf.register_post_accumulate_grad_hook(
-                        _grad_hook(takeover, optimizer, p, spec)))
+            if id(p) not in leaves:
+                leaves[id(p)] = _leaf(takeover, p, master, spec)
             mod_leaves[n], specs[n] = leaves[id(p)], spec
         object.__setattr__(mod, _LEAVES_ATTR, mod_leaves)
         attach_specs(mod, specs)
         mod.__class__ = sharded_class(type(mod), names, _gathered)
 
+
+def _leaf(takeover: Takeover, p, master, spec: ShardSpec) -> nn.Parameter:
+    leaf = nn.Parameter(master if master is not None else p.ds_tensor.data,
+                        requires_grad=p.requires_grad)
+    takeover.leaves.append((p, leaf))
+    if p.requires_grad:
+        takeover.handles.append(leaf.register_post_accumulate_grad_hook(
+            _grad_hook(takeover, takeover.optimizer, p, spec)))
+    return leaf
+
+
+def _before_each_forward(takeover: Takeover):
     def before_forward(_module, _args):
+        if takeover.ended:
+            raise RuntimeError(
+                "deepcompile_remat: this engine's takeover was ended (engine.destroy() or "
+                "deepcompile_remat.deepspeed.uninstall()); DeepSpeed's own hooks were removed "
+                "when it was taken over, so it cannot train: build a new engine")
         takeover.sync()
         takeover.written.clear()  # a new micro-batch
 
-    takeover.handles.append(module.register_forward_pre_hook(before_forward))
-    if sixteen_bit is not None:
-        sixteen_bit.drop()
-    # Only forward is compiled: the hook above stays eager.
+    return before_forward
+
+
+def _compile(engine, takeover: Takeover) -> None:
+    """The module's forward compiled with our backend (only the forward: the pre-hook stays
+    eager); engine.compile answers what Trainer/Accelerate ask of it (_engine_compile)."""
+    from deepcompile_remat.backends import backend
+
+    module, remat = engine.module, takeover.remat
     forward = module.forward
 
     def compile_forward(kind: str) -> None:
@@ -376,7 +395,37 @@ def take_over(engine, remat: RematConfig) -> Takeover:
         takeover.kind = kind
 
     compile_forward(remat.backend_kind)
-    engine.compile = _engine_compile(takeover, compile_forward)
+    takeover.adapter.replace(engine, "compile", _engine_compile(takeover, compile_forward))
+
+
+def take_over(engine, settings: DeepSpeedSettings) -> Takeover:
+    """Puts a stock ZeRO-3 engine's parameters under our traced gathers and compiles its
+    module's forward with our backend (module docstring), every patch of DeepSpeed made by
+    one DeepSpeedAdapter (undone by engine.destroy() and uninstall()); returns what was
+    attached (also engine.dcr_takeover)."""
+    takeover = _start(engine, settings)
+    try:
+        _take_over_started(engine, takeover)
+    except BaseException:
+        takeover.adapter.undo()  # no patch outlives a takeover that failed half-way
+        raise
     if dist.get_rank() == 0:  # one line per job, not per rank
         log.info("%s", takeover.summary())
     return takeover
+
+
+def _take_over_started(engine, takeover: Takeover) -> None:
+    module, optimizer, adapter = engine.module, engine.optimizer, takeover.adapter
+    masters = _master_slices(module, optimizer)
+    if masters:
+        takeover.sixteen_bit = ds.SixteenBitPartitions(
+            optimizer, [p for p in module.parameters() if p.ds_id in masters], adapter)
+    takeover.per_parameter_gradients = hold_gradients_only_in_the_step(
+        optimizer, takeover.sixteen_bit, adapter)
+    takeover.hpz_params = _regather_within_hpz_groups(module, takeover.settings)
+    _attach_leaves(takeover, module, masters)
+    module.register_forward_pre_hook(_before_each_forward(takeover))
+    if takeover.sixteen_bit is not None:
+        takeover.sixteen_bit.drop()
+    _compile(engine, takeover)
+    adapter.add(engine, "dcr_takeover", takeover)

@@ -249,6 +249,7 @@ def _hpz(rank, world):
     ref = full_fp32_params(stock)
     ours = _engine(_config("bf16", True, **extra))
     initial = full_fp32_params(ours)
+    assert ours.dcr_takeover.settings.zero_hpz_partition_size == 2  # what the takeover read
     secondary = next(ours.module.parameters()).ds_zero_param_process_group
     assert dist.get_process_group_ranks(secondary) == [rank - rank % 2, rank - rank % 2 + 1]
     assert len(ours.dcr_takeover.hpz_params) == len(list(ours.module.parameters()))
@@ -673,6 +674,7 @@ def test_deepcompile_without_cuda_is_an_error():
 def _disabled_and_unsupported(rank, world):
     rank_env(rank, world)
     import deepcompile_remat.deepspeed as dcr_ds
+    from deepcompile_remat.deepspeed.config import DeepSpeedSettings
     from deepcompile_remat.deepspeed.takeover import check_supported
 
     # Disabled: plain deepspeed.initialize, DeepSpeed's hooks in place, nothing compiled.
@@ -698,7 +700,7 @@ def _disabled_and_unsupported(rank, world):
                                config=cfg)[0]
     with pytest.raises(ValueError, match=r"cannot take over this DeepSpeed engine: "
                                          r"zero_optimization.offload_optimizer \(device 'cpu'\)"):
-        check_supported(engine)
+        check_supported(engine, DeepSpeedSettings.from_config(cfg, "test config"))
 
 
 def test_disabled_block_is_plain_deepspeed_and_unsupported_features_are_refused():
@@ -718,6 +720,7 @@ def test_deepcompile_backend_partitions_with_ours_while_it_compiles():
 
     from deepcompile_remat.backends import RematPartitioner
     from deepcompile_remat.deepspeed import _ds_internals, deepcompile
+    from deepcompile_remat.deepspeed.adapter import DeepSpeedAdapter
 
     dc_backend = _ds_internals.deepcompile_backend_module()
     stock_partition = dc_backend.min_cut_rematerialization_partition
@@ -730,8 +733,10 @@ def test_deepcompile_backend_partitions_with_ours_while_it_compiles():
 
     param = torch.nn.Parameter(torch.zeros(4))
     param.ds_id = 7
-    wrapped = deepcompile.wrap_backend(deepcompile_backend_fn, dcr.RematConfig())
+    adapter = DeepSpeedAdapter("test")
+    wrapped = deepcompile.wrap_backend(deepcompile_backend_fn, dcr.RematConfig(), adapter)
     wrapped("gm", [torch.zeros(2), param])
+    assert adapter.patches == []  # the swap is recorded while it lasts, and undone
     assert seen["eager"] is not stock_partition and callable(seen["eager"])
     assert isinstance(seen["inductor"], RematPartitioner)
     assert seen["inductor"].parameter_indices == (1,)
@@ -762,15 +767,13 @@ def test_deepcompile_wrapper_and_backward_mapping_around_ours_on_cpu(monkeypatch
     import deepspeed.compile.partitioner as dc_partitioner
     from deepspeed.compile.graph_param import DSGraphParamManager
     from deepspeed.compile.partitioner import get_wrapped_partitioner
-    from deepspeed.runtime.engine import DeepSpeedEngine
     from functorch.compile import aot_function, make_boxed_func
 
     from deepcompile_remat.backends import RematPartitioner
-    from deepcompile_remat.deepspeed import _ds_internals
+    from deepcompile_remat.deepspeed.adapter import check_deepspeed
 
-    # What deepcompile.py patches must exist under these names.
-    assert hasattr(_ds_internals.deepcompile_backend_module(), "min_cut_rematerialization_partition")
-    assert callable(getattr(DeepSpeedEngine, "get_deepspeed_compile_backend", None))
+    # What deepcompile.py patches must exist under these names (the adapter's start-up check).
+    check_deepspeed(deepcompile=True)
 
     lin1, lin2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
     params = [lin1.weight, lin1.bias, lin2.weight, lin2.bias]

@@ -165,7 +165,8 @@ def test_trainer_with_the_block_takes_over(tmp_path, precision, backend, compile
 
 def test_install_is_idempotent_reversible_and_never_recurses(monkeypatch):
     """Silent bug guarded: `deepspeed.initialize = dcr_ds.initialize` (the old advice) made ours
-    call itself through the patched name, forever."""
+    call itself through the patched name, forever. uninstall() puts back what install()
+    replaced."""
     import deepspeed
 
     import deepcompile_remat.deepspeed as dcr_ds
@@ -191,7 +192,9 @@ def test_install_is_idempotent_reversible_and_never_recurses(monkeypatch):
             assert out[0] == "engine" and len(calls) == 1  # DeepSpeed's own, once
             dcr_ds.uninstall()
             dcr_ds.uninstall()
-            assert deepspeed.initialize is fake_stock and not dcr_ds.installed()
+            # What install() replaced; DeepSpeed's own where ours was set by hand (no record).
+            assert deepspeed.initialize is (stock if patch is dcr_ds.install else fake_stock)
+            assert not dcr_ds.installed()
     finally:
         deepspeed.initialize = stock
 
@@ -232,6 +235,8 @@ def test_install_warns_about_callers_it_cannot_reach(monkeypatch, caplog):
         assert any("other_patch" in r.getMessage() and "will not run" in r.getMessage()
                    for r in caplog.records), caplog.text
         dcr_ds.uninstall()
+        assert deepspeed.initialize is other_patch  # uninstall() puts back what it replaced
+        deepspeed.initialize = stock
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="deepcompile_remat"):
             dcr_ds.install()  # nothing held elsewhere: silent
