@@ -28,7 +28,8 @@ import logging
 
 import torch
 
-from deepcompile_remat.deepspeed.adapter import (OPTIMIZER_METHODS_READING_16BIT,
+from deepcompile_remat.deepspeed.adapter import (GRAD_PARTITION_MAP,
+                                                 OPTIMIZER_METHODS_READING_16BIT,
                                                  PARAMETER_METHODS_READING_16BIT,
                                                  DeepSpeedAdapter)
 from deepcompile_remat.deepspeed.chunked_step import ELEMENTWISE
@@ -121,10 +122,10 @@ def reads_gradients_per_parameter(optimizer) -> bool:
     tensor of its own (the one the backward produced) instead of a slot of the flat gradient
     buffer: everything it reads in the step either takes a list of tensors (the norm for
     clipping: averaged_gradients) or is replaced by optimizer_step.StepWithoutCopies (the
-    fp32 gradient, the clipping's scaling, the torch optimizer's step). Not where something reads the flat
-    buffer itself or the sub-group's flat fp32 gradient: fp16 (its overflow check), optimizer
-    offload, DeepSpeed's torch_autocast grad scaler, ZenFlow, Muon, a torch optimizer not known
-    to be elementwise."""
+    fp32 gradient, the clipping's scaling, the torch optimizer's step). Not where something
+    reads the flat buffer itself or the sub-group's flat fp32 gradient: fp16 (its overflow
+    check), optimizer offload, DeepSpeed's torch_autocast grad scaler, ZenFlow, Muon, a torch
+    optimizer not known to be elementwise."""
     return (optimizer.dtype != torch.float16 and steps_the_torch_optimizer_itself(optimizer)
             and type(optimizer.optimizer) in ELEMENTWISE)
 
@@ -266,14 +267,11 @@ def restore_storage(buffer) -> None:
         (buffer.storage_offset() + buffer.numel()) * buffer.element_size())
 
 
-_GRAD_MAP = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
-
-
 def _point_grad_partitions_at(optimizer, buffer: torch.Tensor) -> None:
     """grad_partitions_flat_buffer := buffer, and every parameter's slot a view of it, laid
     out as DeepSpeed lays them (stage3.__init__: the parameters of fp16_groups in order)."""
     optimizer.grad_partitions_flat_buffer = buffer
-    slots, offset = getattr(optimizer, _GRAD_MAP), 0
+    slots, offset = getattr(optimizer, GRAD_PARTITION_MAP), 0
     for group in optimizer.fp16_groups:
         for p in group:
             slots[p.ds_id] = buffer.narrow(0, offset, p.partition_numel())
@@ -301,10 +299,10 @@ def restore_grad_partitions(optimizer) -> None:
     stays zero) but for the slots a per-parameter gradient holds, which are copied in."""
     buffer = optimizer.grad_partitions_flat_buffer
     if buffer.device.type == "meta":
-        held = dict(getattr(optimizer, _GRAD_MAP))
+        held = dict(getattr(optimizer, GRAD_PARTITION_MAP))
         device = optimizer.fp32_partitioned_groups_flat[0].device
         _point_grad_partitions_at(optimizer, torch.zeros_like(buffer, device=device))
-        slots = getattr(optimizer, _GRAD_MAP)
+        slots = getattr(optimizer, GRAD_PARTITION_MAP)
         for ds_id, grad in held.items():
             if grad.device.type != "meta":
                 slots[ds_id].copy_(grad)
@@ -316,7 +314,7 @@ def fill_unwritten_grad_partitions(optimizer) -> None:
     buffer holds there; the norm and the step read every slot."""
     buffer = optimizer.grad_partitions_flat_buffer
     device = optimizer.fp32_partitioned_groups_flat[0].device
-    slots = getattr(optimizer, _GRAD_MAP)
+    slots = getattr(optimizer, GRAD_PARTITION_MAP)
     for group in optimizer.fp16_groups:
         for p in group:
             if slots[p.ds_id].device.type == "meta":
@@ -329,13 +327,13 @@ def grad_partition(optimizer, param) -> torch.Tensor:
     tensor of its own: set_grad_partition): what DeepSpeed's optimizer step, clipping, overflow
     check and checkpoints read. Looked up on every use (offload_states/reload_states and
     restore_grad_partitions rebuild the map)."""
-    return getattr(optimizer, _GRAD_MAP)[param.ds_id]
+    return getattr(optimizer, GRAD_PARTITION_MAP)[param.ds_id]
 
 
 def set_grad_partition(optimizer, param, grad: torch.Tensor) -> None:
     """`grad` (this rank's partition of `param`'s gradient, partition_numel elements) becomes
     the slot DeepSpeed reads, in place of a view of the flat buffer."""
-    getattr(optimizer, _GRAD_MAP)[param.ds_id] = grad
+    getattr(optimizer, GRAD_PARTITION_MAP)[param.ds_id] = grad
 
 
 def micro_step_id(optimizer) -> int:

@@ -55,6 +55,9 @@ OPTIMIZER_METHODS_READING_16BIT = (
 # parameter carries (set on each parameter by DeepSpeed, not on a class).
 PARAMETER_METHODS_READING_16BIT = ("all_gather", "all_gather_coalesced")
 
+# The ZeRO-3 optimizer's ds_id -> gradient slot map (name-mangled: a private attribute of
+# DeepSpeedZeroOptimizer_Stage3), which _ds_internals reads and rewrites.
+GRAD_PARTITION_MAP = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
 # (module, class or None) -> the attributes read or replaced there, looked up on the class.
 REQUIRED_CLASS_ATTRIBUTES: dict = {
     ("deepspeed", None): ("initialize", "init_distributed", "__version__"),
@@ -70,7 +73,6 @@ REQUIRED_CLASS_ATTRIBUTES: dict = {
         "_remove_module_hooks",),
     ("deepspeed.runtime.zero.partition_parameters", None): (
         "ZeroParamStatus", "InsertPostInitMethodToModuleSubClasses"),
-    ("deepspeed.utils", None): ("safe_get_full_fp32_param",),
 }
 # With DeepCompile on: the module-global partitioner deepcompile.py swaps while it compiles.
 REQUIRED_FOR_DEEPCOMPILE: dict = {
@@ -82,8 +84,7 @@ REQUIRED_INSTANCE_ATTRIBUTES: dict = {
     "optimizer": (
         "optimizer", "parameter_offload", "_grad_acc_hooks", "_leaf_module_hooks", "ipg_buckets",
         "fp16_groups", "fp16_partitioned_groups_flat", "fp32_partitioned_groups_flat",
-        "averaged_gradients", "grad_partitions_flat_buffer",
-        "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", "micro_step_id",
+        "averaged_gradients", "grad_partitions_flat_buffer", GRAD_PARTITION_MAP, "micro_step_id",
         "sub_group_to_group_id", "clip_grad", "persistent_parameters", "offload_optimizer",
         "dtype", "torch_autocast_gradscaler", "zenflow", "use_muon"),
     "parameter": ("ds_tensor", "ds_id", "ds_numel", "ds_shape", "ds_process_group", "ds_status",

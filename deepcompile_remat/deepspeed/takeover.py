@@ -72,15 +72,15 @@ class Takeover:
     it was taken over with (settings; the block's config is settings.remat), the adapter that
     made and records every patch of DeepSpeed (adapter; engine.destroy() and uninstall() undo
     it, end() first), the backend kind compiling the module now (kind), one (DeepSpeed
-    parameter, shard leaf) pair per parameter taken over (leaves; tied parameters share one), and the bytes of
-    DeepSpeed's buffers it released (released_bytes: the unused gradient reduce buckets, and
-    under torch_autocast the fp32 partitions DeepSpeed copied where it meant to alias the
-    parameter partitions; _ds_internals.alias_fp32_partitions). Under "bf16" (and "fp16")
-    the leaves are slices of DeepSpeed's fp32 master and its 16-bit parameter partitions are
-    dropped (sixteen_bit: _ds_internals.SixteenBitPartitions); per_parameter_gradients says
-    whether DeepSpeed's gradient slots are the backward's own tensors (no flat buffer). Its
-    repr is one line: ``Takeover(backend='inductor', parameters=24, released_bytes=0,
-    gathers_from_master=False)``."""
+    parameter, shard leaf) pair per parameter taken over (leaves; tied parameters share one),
+    and the bytes of DeepSpeed's buffers it released (released_bytes: the unused gradient
+    reduce buckets, and under torch_autocast the fp32 partitions DeepSpeed copied where it
+    meant to alias the parameter partitions; _ds_internals.alias_fp32_partitions). Under
+    "bf16" (and "fp16") the leaves are slices of DeepSpeed's fp32 master and its 16-bit
+    parameter partitions are dropped (sixteen_bit: _ds_internals.SixteenBitPartitions);
+    per_parameter_gradients says whether DeepSpeed's gradient slots are the backward's own
+    tensors (no flat buffer). Its repr is one line: ``Takeover(backend='inductor',
+    parameters=24, released_bytes=0, gathers_from_master=False)``."""
 
     settings: DeepSpeedSettings
     adapter: DeepSpeedAdapter
