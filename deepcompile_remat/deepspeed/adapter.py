@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -147,7 +148,15 @@ def stage3_optimizer_class():
     return getattr(importlib.import_module(_STAGE3[0]), _STAGE3[1])
 
 
-@dataclass(frozen=True)
+def owner_name(owner) -> str:
+    """How messages name a patched object: a module or class by its name, an instance by its
+    class's."""
+    if isinstance(owner, (type, types.ModuleType)):
+        return owner.__name__
+    return type(owner).__name__
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: its values may be tensors
 class Patch:
     """One patch: owner.name was `original` (_ABSENT: the owner had none of its own, e.g. a
     method read from its class) and was set to `replacement`; `shared` when made by share()."""
@@ -164,7 +173,7 @@ class Patch:
         return self.original is not _ABSENT
 
     def __repr__(self) -> str:
-        return f"Patch({type(self.owner).__name__}.{self.name})"
+        return f"Patch({owner_name(self.owner)}.{self.name})"
 
 
 def _own(owner, name: str) -> Any:
@@ -178,7 +187,7 @@ def _put_back(patch: Patch) -> None:
     current = _own(patch.owner, patch.name)
     if current is not patch.replacement:
         log.warning("deepcompile_remat: %s.%s was replaced again after deepcompile_remat "
-                    "patched it; left as it is", type(patch.owner).__name__, patch.name)
+                    "patched it; left as it is", owner_name(patch.owner), patch.name)
     elif patch.had_own:
         setattr(patch.owner, patch.name, patch.original)
     else:

@@ -1,5 +1,6 @@
-"""The "deepcompile_remat" block of a DeepSpeed JSON config, and reading configs the way
-DeepSpeed does.
+"""The "deepcompile_remat" block of a DeepSpeed JSON config, reading configs the way DeepSpeed
+does, and DeepSpeedSettings: the config read once into every DeepSpeed setting the takeover
+depends on (engine.py and takeover.py read it, never the config).
 
     {"zero_optimization": {"stage": 3, ...}, "bf16": {"enabled": true},
      "deepcompile_remat": {"enabled": true, "backend": "inductor", "policy": "conservative"}}

@@ -236,7 +236,6 @@ def _attach(engine, settings: DeepSpeedSettings) -> None:
         from deepcompile_remat.deepspeed import deepcompile
 
         remat, adapter = settings.remat, DeepSpeedAdapter("DeepCompile's partitioner")
-        adapter.check_engine(engine)
         deepcompile.install(engine, remat, adapter)
         adapter.undo_on_destroy(engine)
         engine.compile(backend=remat.backend_kind)
