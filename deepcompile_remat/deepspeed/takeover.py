@@ -47,7 +47,8 @@ import torch.nn as nn
 
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.deepspeed import _ds_internals as ds
-from deepcompile_remat.deepspeed.adapter import DeepSpeedAdapter, stage3_optimizer_class
+from deepcompile_remat.deepspeed.adapter import (DeepSpeedAdapter, check_deepspeed,
+                                                 stage3_optimizer_class)
 from deepcompile_remat.deepspeed.config import DeepSpeedSettings
 from deepcompile_remat.deepspeed.optimizer_step import hold_gradients_only_in_the_step
 from deepcompile_remat.zero3 import custom_ops
@@ -319,9 +320,11 @@ def _master_slices(module, optimizer) -> dict:
 
 
 def _start(engine, settings: DeepSpeedSettings) -> Takeover:
-    """Checks, then DeepSpeed's hooks removed and what only they used released; the
-    Takeover, its adapter ending it on engine.destroy()."""
+    """Checks (what the takeover does not implement; every DeepSpeed attribute it uses, on
+    classes and on this engine), then DeepSpeed's hooks removed and what only they used
+    released; the Takeover, its adapter ending it on engine.destroy()."""
     check_supported(engine, settings)
+    check_deepspeed()  # done by initialize() already, before the engine was built
     adapter = DeepSpeedAdapter("the takeover")
     adapter.check_engine(engine)  # before the first patch
     module, optimizer = engine.module, engine.optimizer
