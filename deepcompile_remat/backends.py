@@ -30,19 +30,22 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
+from deepcompile_remat import planning
 from deepcompile_remat.config import RematConfig
-from deepcompile_remat.partition import partitioner, report_cache
-from deepcompile_remat.zero3.hooks import Zero3Hooks
+from deepcompile_remat.partition import report_cache
+from deepcompile_remat.zero3.topology import Topology, topology_of
 
 
 def make_partition_fn(config: Optional[RematConfig] = None, *,
                       parameter_indices: Optional[Sequence[int]] = None,
                       num_graph_inputs: Optional[int] = None,
+                      topology: Optional[Topology] = None,
                       fuses_pointwise: bool = True) -> Callable:
-    """The AOTAutograd partition function for `config` (None: RematConfig()): our min-cut with
-    the ZeRO-3 runtime's passes plugged in (cast-before-gather, re-gather schedule), what both
-    backends use. A disabled config (RematConfig(enabled=False)) gives torch's own
+    """The AOTAutograd partition function for `config` (None: RematConfig()): the planning
+    layer (our min-cut, the ZeRO-3 runtime's passes: cast-before-gather, re-gather schedule),
+    what both backends use. A disabled config (RematConfig(enabled=False)) gives torch's own
     min_cut_rematerialization_partition: off means off wherever the config is passed.
+    topology: the process-group layout (zero3/topology.py; None: read from each joint graph).
     fuses_pointwise: whether the graphs' compiler fuses pointwise ops into their consumers
     (inductor: True; the eager backend: False), for peak-target mode's memory simulation."""
     config = _checked_config(config)
@@ -50,10 +53,9 @@ def make_partition_fn(config: Optional[RematConfig] = None, *,
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         return min_cut_rematerialization_partition
-    return partitioner.remat_partition_fn(config, parameter_indices=parameter_indices,
-                                          num_graph_inputs=num_graph_inputs,
-                                          hooks=(Zero3Hooks(config),),
-                                          fuses_pointwise=fuses_pointwise)
+    return planning.remat_partition_fn(config, parameter_indices=parameter_indices,
+                                       num_graph_inputs=num_graph_inputs, topology=topology,
+                                       fuses_pointwise=fuses_pointwise)
 
 
 def _checked_config(config: Optional[RematConfig]) -> RematConfig:
@@ -124,18 +126,22 @@ class RematPartitioner(CustomPartitionerFn):
 
     def __init__(self, config: RematConfig, parameter_indices: Optional[Sequence[int]],
                  num_graph_inputs: Optional[int] = None, on_partition: Optional[Callable] = None,
-                 example_inputs: Sequence[Any] = ()) -> None:
+                 example_inputs: Sequence[Any] = (), topology: Optional[Topology] = None
+                 ) -> None:
         self.config = config
         self.parameter_indices = None if parameter_indices is None else tuple(parameter_indices)
         self.num_graph_inputs = num_graph_inputs
+        self.topology = topology
         self._partition_fn = _observed(
             make_partition_fn(config, parameter_indices=self.parameter_indices,
-                              num_graph_inputs=num_graph_inputs), on_partition, example_inputs)
+                              num_graph_inputs=num_graph_inputs, topology=topology),
+            on_partition, example_inputs)
 
     def __reduce__(self):
         # inductor pickles its config into the FX-graph cache key; the bound partition_fn is a
         # closure, so pickle what it is built from (else every compile misses the cache).
-        return (RematPartitioner, (self.config, self.parameter_indices, self.num_graph_inputs))
+        return (RematPartitioner, (self.config, self.parameter_indices, self.num_graph_inputs,
+                                   None, (), self.topology))
 
     def __call__(self, gm, joint_inputs, **kwargs):
         kwargs.pop("compiler", None)
@@ -143,9 +149,12 @@ class RematPartitioner(CustomPartitionerFn):
 
     def uuid(self) -> str:
         """The FX-graph cache key of this partitioner: stable across processes, so the same
-        sources, config and parameter layout give the same key (and a cache hit)."""
+        sources, config, parameter layout and process-group topology (groups by name and
+        ranks, with their replicate and secondary groups) give the same key (and a cache
+        hit), and another layout a miss."""
+        topology = "-" if self.topology is None else self.topology.key()
         return (f"deepcompile_remat:{_source_digest()}:{self.config!r}:{self.parameter_indices}:"
-                f"{self.num_graph_inputs}")
+                f"{self.num_graph_inputs}:{topology}")
 
 
 def eager_graph_compiler() -> Callable:
@@ -170,7 +179,7 @@ def _eager_backend(config: RematConfig, on_partition: Optional[Callable] = None)
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         partition = make_partition_fn(config, parameter_indices=_parameters(config, example_inputs),
                                       num_graph_inputs=len(example_inputs),
-                                      fuses_pointwise=False)
+                                      topology=topology_of(gm), fuses_pointwise=False)
         return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop,
                             partition_fn=_observed(partition, on_partition, example_inputs))(
             gm, example_inputs)
@@ -186,7 +195,8 @@ def _inductor_backend(config: RematConfig, on_partition: Optional[Callable] = No
             return compile_fx(gm, example_inputs)
         # Off but observed: torch's min-cut behind the hook, so on_partition sees its graphs.
         partitioner = RematPartitioner(config, _parameters(config, example_inputs),
-                                       len(example_inputs), on_partition, example_inputs)
+                                       len(example_inputs), on_partition, example_inputs,
+                                       topology_of(gm))
         kept = (report_cache.surviving_cache_hits(partitioner.uuid(), gm, example_inputs,
                                                   config.keep_reports)
                 if config.enabled else contextlib.nullcontext())

@@ -20,6 +20,7 @@ from typing import Any, Literal, Mapping, Optional, Union
 Policy = Literal["conservative", "aggressive"]
 AsyncGathers = Literal["auto", "on", "off"]
 BackendKind = Literal["eager", "inductor"]
+Auto = Literal["auto"]  # a setting the planning layer chooses from the graph
 DEFAULT_BACKEND: BackendKind = "inductor"
 BACKEND_KINDS: tuple[str, ...] = typing.get_args(BackendKind)  # what backend(kind) takes
 
@@ -61,10 +62,17 @@ class RematConfig:
     """How many compute steps ahead a gather may be issued."""
     prefetch_budget_bytes: float = -1.0
     """Simulated peak a prefetch may reach; < 0: no higher than without prefetch."""
-    bucket_bytes: int = field(default=1 << 16, metadata={"min": 0})
-    """Gathers of at most this many bytes that land at one point share one collective; in the
-    backward, gradients of at most this many bytes share reduce-scatters of at most this many
-    bytes in all. 0: no buckets."""
+    bucket_bytes: Union[Auto, int] = field(default="auto", metadata={"min": 0})
+    """"auto": one gather and one reduce-scatter per layer, as FSDP2's per-layer units give:
+    read from each compiled graph, the gather buckets hold the largest layer's gathered bytes
+    and the gradient buckets its gradient bytes (at most 256 MiB each; a graph without
+    repeated layers is one unit); the report says what was chosen. A number: gathers of at
+    most this many bytes that land at one point share one collective; in the backward,
+    gradients of at most this many bytes share reduce-scatters of at most this many bytes in
+    all. 0: no buckets.
+
+    zero3/unit_buckets.py reads a layer as the module path up to its first container index
+    (`model.layers.3`)."""
     async_gathers: AsyncGathers = "auto"
     """Issue a gather the schedule moved ahead of its use as an async start/wait pair
     (dcr::allgather_cast_start / dcr::allgather_cast_wait, and a bucket's
@@ -99,7 +107,7 @@ class RematConfig:
     always with the ZeRO-3 marking and the RNG rules. A byte budget below the smallest any
     legal cut reaches raises BudgetInfeasibleError naming that smallest one."""
     peak_target: Optional[float] = field(default=None, metadata={"min": 0})
-    """Peak-target mode (partition/planner.py): None (default) is off. The simulated peak of
+    """Peak-target mode (planning/peak_target.py): None (default) is off. The simulated peak of
     each compiled graph's forward and backward (its inputs, what it saves, its transients; the
     memory simulator, csrc/memsim, over the final graphs): a number <= 1 is a fraction of the
     ordinary cut's peak, a number > 1 is bytes. The planner picks the plan that recomputes
@@ -163,7 +171,7 @@ class RematConfig:
 
 
 class PeakTargetInfeasibleError(ValueError):
-    """Raised when no plan's simulated peak fits RematConfig.peak_target (partition/planner.py);
+    """Raised when no plan's simulated peak fits RematConfig.peak_target (planning/peak_target.py);
     `.min_bytes` holds the smallest simulated peak a plan reaches, which the message names too.
     Defined here, beside the setting, so that importing it needs no torch. A subclass of
     ValueError."""
@@ -204,6 +212,17 @@ def _optional_of(hint):
     return None
 
 
+def _choice_or_int(hint):
+    """The Literal's choices for Union[Literal[...], int], else None."""
+    if typing.get_origin(hint) not in (Union, types.UnionType):
+        return None
+    args = typing.get_args(hint)
+    literals = [a for a in args if typing.get_origin(a) is Literal]
+    if len(args) == 2 and len(literals) == 1 and int in args:
+        return typing.get_args(literals[0])
+    return None
+
+
 def _check_min(f: dataclasses.Field, name: str, value) -> None:
     """The field's metadata "min", if it has one, bounds `value` from below."""
     if value < f.metadata.get("min", -math.inf):
@@ -220,6 +239,15 @@ def _checked(f: dataclasses.Field, hint, value):
         if value is None:
             return None
         hint = inner
+    choices = _choice_or_int(hint)
+    if choices is not None:  # Union[Literal[...], int]: one of the words, or an integer
+        if isinstance(value, str) and value in choices:
+            return value
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{name} must be one of {list(choices)} or an integer, "
+                             f"got {value!r}")
+        _check_min(f, name, value)
+        return value
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
         if value not in choices or isinstance(value, bool):

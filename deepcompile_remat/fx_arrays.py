@@ -29,9 +29,12 @@ from deepcompile_remat.fx_values import is_alias, value_bytes
 # when the graph is exported for the cut (partition/fx_export.py, partition/budget.py):
 # PIN_TO_FORWARD: the cut treats the node as a forward node even where no forward output needs
 # it (NodeFlag.PINNED_TO_FORWARD); RECOMPUTE_PRICE: what recomputing it costs in the memory-
-# budget sweep, in its flops units (budget.recompute_cost_of), in place of the op's own count.
+# budget sweep, in its flops units (budget.recompute_cost_of), in place of the op's own count;
+# OP_CLASS: the node's _C.OpClass, in place of what partition/op_classes.py would say of its op
+# (a runtime's own op that is no alias of what it reads: a copy out of a gathered weight).
 PIN_TO_FORWARD = "partition_pin_to_forward"
 RECOMPUTE_PRICE = "partition_recompute_price"
+OP_CLASS = "partition_op_class"
 
 
 @dataclass(frozen=True, slots=True)

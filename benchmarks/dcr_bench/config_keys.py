@@ -62,8 +62,11 @@ def _takes(f: dataclasses.Field, hint) -> str:
     nullable = type(None) in args
     if nullable:
         hint = next(a for a in args if a is not type(None))
+    words = [a for a in typing.get_args(hint) if typing.get_origin(a) is Literal]
     if typing.get_origin(hint) is Literal:
         text = " or ".join(json.dumps(c) for c in typing.get_args(hint))
+    elif words and int in typing.get_args(hint):  # Union[Literal[...], int]
+        text = " or ".join(json.dumps(c) for c in typing.get_args(words[0])) + " or integer"
     elif hint is bool:
         text = "true or false"
     elif hint is int:

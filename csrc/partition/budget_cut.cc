@@ -327,15 +327,15 @@ const BudgetHull& BudgetSolver::Hull() {
   return hull_;
 }
 
-BudgetDecision BudgetSolver::Choose(double budget_bytes) {
-  if (std::isnan(budget_bytes)) throw std::invalid_argument("budget_bytes is NaN");
+BudgetDecision BudgetSolver::Choose(double saved_bytes_budget) {
+  if (std::isnan(saved_bytes_budget)) throw std::invalid_argument("saved_bytes_budget is NaN");
   const BudgetHull& hull = Hull();
   const std::vector<CutPoint>& V = hull.vertices;
   BudgetDecision d;
-  d.budget_bytes = budget_bytes;
-  if (budget_bytes < V.front().saved_bytes) {
+  d.saved_bytes_budget = saved_bytes_budget;
+  if (saved_bytes_budget < V.front().saved_bytes) {
     throw BudgetInfeasibleError(
-        "memory budget of " + FormatBytes(budget_bytes) +
+        "memory budget of " + FormatBytes(saved_bytes_budget) +
             " bytes is below the fewest saved bytes any legal cut reaches: " +
             FormatBytes(V.front().saved_bytes) +
             " bytes (recomputing everything the constraints allow); the smallest feasible "
@@ -343,15 +343,15 @@ BudgetDecision BudgetSolver::Choose(double budget_bytes) {
         V.front().saved_bytes);
   }
   int64_t i = 0;
-  while (i + 1 < static_cast<int64_t>(V.size()) && V[i + 1].saved_bytes <= budget_bytes) ++i;
+  while (i + 1 < static_cast<int64_t>(V.size()) && V[i + 1].saved_bytes <= saved_bytes_budget) ++i;
   d.vertex = i;
   d.point = V[i];
   d.hull_cost_at_budget = V[i].recompute_cost;
-  if (i + 1 == static_cast<int64_t>(V.size()) || V[i].saved_bytes == budget_bytes) return d;
+  if (i + 1 == static_cast<int64_t>(V.size()) || V[i].saved_bytes == saved_bytes_budget) return d;
 
   const CutPoint &a = V[i], &b = V[i + 1];
   d.hull_cost_at_budget = a.recompute_cost + (b.recompute_cost - a.recompute_cost) *
-                                                 (budget_bytes - a.saved_bytes) /
+                                                 (saved_bytes_budget - a.saved_bytes) /
                                                  (b.saved_bytes - a.saved_bytes);
   // Walk the minimum cuts of the edge's slope, from a's end toward b's.
   double alpha = a.recompute_cost - b.recompute_cost, beta = b.saved_bytes - a.saved_bytes;
@@ -402,7 +402,7 @@ BudgetDecision BudgetSolver::Choose(double budget_bytes) {
     for (int64_t x : added) in_s[x] = 1;
     for (int64_t v : touched) delta += contribution(v);
     for (int64_t x : added) pending[x] = 0;
-    if (bytes + delta > budget_bytes) {
+    if (bytes + delta > saved_bytes_budget) {
       // Does not fit: skip it and try the later ones (first fit). Still monotone in the
       // budget: two budgets walk alike up to the first component only the larger one takes,
       // and from there the larger one's bytes already exceed the smaller budget.
@@ -412,7 +412,7 @@ BudgetDecision BudgetSolver::Choose(double budget_bytes) {
     bytes += delta;
   }
   CutPoint p = PointOf(in_s);
-  if (p.saved_bytes <= budget_bytes && p.recompute_cost <= a.recompute_cost &&
+  if (p.saved_bytes <= saved_bytes_budget && p.recompute_cost <= a.recompute_cost &&
       p.saved_bytes > a.saved_bytes) {
     d.point = std::move(p);
     d.vertex = -1;

@@ -110,7 +110,7 @@ struct BudgetDecision {
   CutPoint point;
   int64_t edge = -1;                 // hull edge walked (vertex edge..edge+1), -1 at a vertex
   int64_t vertex = -1;               // the hull vertex chosen, -1 when on an edge
-  double budget_bytes = 0.0;
+  double saved_bytes_budget = 0.0;
   double hull_cost_at_budget = 0.0;  // lower bound: no cut with bytes <= budget costs less
   double optimality_gap = 0.0;       // point.recompute_cost - hull_cost_at_budget >= 0
 };
@@ -139,9 +139,9 @@ class BudgetSolver {
   // Throws PartitionConflictError when the correctness constraints alone conflict.
   const BudgetHull& Hull();
 
-  // The least-cost cut with saved bytes <= budget_bytes, as described above.
+  // The least-cost cut with saved bytes <= saved_bytes_budget, as described above.
   // Throws BudgetInfeasibleError below the hull's first vertex.
-  BudgetDecision Choose(double budget_bytes);
+  BudgetDecision Choose(double saved_bytes_budget);
 
   // The source-minimal minimum cut of bytes + lambda * cost (lambda in [0, +inf]); with
   // forward_side (size num_nodes) set to 1 where v_in is on the source side.

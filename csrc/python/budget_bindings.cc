@@ -52,7 +52,7 @@ void BindBudget(py::module_& m) {
       .def_readonly("point", &BudgetDecision::point)
       .def_readonly("edge", &BudgetDecision::edge, "Hull edge walked, -1 at a vertex.")
       .def_readonly("vertex", &BudgetDecision::vertex, "Hull vertex chosen, -1 on an edge.")
-      .def_readonly("budget_bytes", &BudgetDecision::budget_bytes)
+      .def_readonly("saved_bytes_budget", &BudgetDecision::saved_bytes_budget)
       .def_readonly("hull_cost_at_budget", &BudgetDecision::hull_cost_at_budget,
                     "Lower bound: no cut within the budget costs less.")
       .def_readonly("optimality_gap", &BudgetDecision::optimality_gap,
@@ -83,11 +83,11 @@ void BindBudget(py::module_& m) {
           "Lower convex hull: a BudgetHull (computed once, then cached).")
       .def(
           "choose",
-          [](BudgetSolver& s, double budget_bytes) {
+          [](BudgetSolver& s, double saved_bytes_budget) {
             py::gil_scoped_release release;
-            return s.Choose(budget_bytes);
+            return s.Choose(saved_bytes_budget);
           },
-          py::arg("budget_bytes"),
+          py::arg("saved_bytes_budget"),
           "Least-cost cut within the budget: a BudgetDecision. Raises BudgetInfeasibleError "
           "below the smallest feasible budget (its .min_bytes).")
       .def(

@@ -49,14 +49,14 @@ void BindSchedule(py::module_& m) {
       "schedule_regathers",
       [](const BoundMemoryGraph& graph, const I64Array& input_order, const U8Array& movable,
          const U8Array& is_gather, const I64Array& gather_key, int64_t max_prefetch,
-         double budget_bytes, double bucket_bytes) {
-        const ScheduleOptions options(max_prefetch, budget_bytes, bucket_bytes);
+         double prefetch_budget_bytes, double bucket_bytes) {
+        const ScheduleOptions options(max_prefetch, prefetch_budget_bytes, bucket_bytes);
         py::gil_scoped_release release;
         return ScheduleRegathers(graph.view, AsSpan(input_order), AsSpan(movable),
                                  AsSpan(is_gather), AsSpan(gather_key), options);
       },
       py::arg("graph"), py::arg("input_order"), py::arg("movable"), py::arg("is_gather"),
-      py::arg("gather_key"), py::arg("max_prefetch"), py::arg("budget_bytes"),
+      py::arg("gather_key"), py::arg("max_prefetch"), py::arg("prefetch_budget_bytes"),
       py::arg("bucket_bytes"),
       "Re-gather placement, prefetch distance and gather buckets: a RegatherSchedule "
       "(schedule/regather_schedule.h).");
@@ -65,18 +65,18 @@ void BindSchedule(py::module_& m) {
       "bucket_reduce_scatters",
       [](int64_t num_nodes, const I64Array& tails, const I64Array& heads,
          const I64Array& candidates, const F64Array& bytes, const I64Array& keys,
-         double budget_bytes) {
+         double bucket_bytes) {
         std::vector<int64_t> bucket_of;
         {
           py::gil_scoped_release release;
           bucket_of = BucketReduceScatters(num_nodes, AsSpan(tails), AsSpan(heads),
                                            AsSpan(candidates), AsSpan(bytes), AsSpan(keys),
-                                           budget_bytes);
+                                           bucket_bytes);
         }
         return ToNumpy(bucket_of);
       },
       py::arg("num_nodes"), py::arg("edge_tails"), py::arg("edge_heads"), py::arg("candidates"),
-      py::arg("bytes"), py::arg("keys"), py::arg("budget_bytes"),
+      py::arg("bytes"), py::arg("keys"), py::arg("bucket_bytes"),
       "Gradient reduce-scatters of a graph (schedule/buckets.h), every argument by keyword: "
       "bucket id per candidate (int64), -1 alone.");
 
@@ -92,13 +92,13 @@ void BindSchedule(py::module_& m) {
   m.def(
       "place_collective_waits",
       [](const BoundMemoryGraph& graph, const I64Array& order, const I64Array& starts,
-         const I64Array& waits, double budget_bytes, int64_t max_in_flight) {
+         const I64Array& waits, double prefetch_budget_bytes, int64_t max_in_flight) {
         py::gil_scoped_release release;
         return PlaceCollectiveWaits(graph.view, AsSpan(order), AsSpan(starts), AsSpan(waits),
-                                    budget_bytes, max_in_flight);
+                                    prefetch_budget_bytes, max_in_flight);
       },
       py::arg("graph"), py::arg("order"), py::arg("starts"), py::arg("waits"),
-      py::arg("budget_bytes"), py::arg("max_in_flight"),
+      py::arg("prefetch_budget_bytes"), py::arg("max_in_flight"),
       "Where each asynchronous collective is waited on, within the memory budget: a "
       "WaitPlacement (schedule/collective_waits.h).");
 }

@@ -21,15 +21,15 @@ struct OpenBucket {
 // Whether `c` may join `b`: the bucket stays within budget and every member can run at the
 // bucket's site once `c` is in.
 bool CanJoin(const OpenBucket& b, const BucketCandidate& c, int64_t first_position,
-             double budget_bytes, BucketSite site) {
-  if (b.bytes + c.bytes > budget_bytes) return false;
+             double bucket_bytes, BucketSite site) {
+  if (b.bytes + c.bytes > bucket_bytes) return false;
   const int64_t at = site == BucketSite::kFirstMember ? first_position : c.position;
   return std::max(b.ready, c.ready) <= at && at <= std::min(b.deadline, c.deadline);
 }
 
 }  // namespace
 
-std::vector<int64_t> PackBuckets(Span<BucketCandidate> candidates, double budget_bytes,
+std::vector<int64_t> PackBuckets(Span<BucketCandidate> candidates, double bucket_bytes,
                                  BucketSite site, int64_t first_id) {
   std::vector<int64_t> bucket_of(candidates.size, -1);
   for (size_t i = 1; i < candidates.size; ++i) {
@@ -38,18 +38,18 @@ std::vector<int64_t> PackBuckets(Span<BucketCandidate> candidates, double budget
                                   " does not come after the one before it");
     }
   }
-  if (budget_bytes <= 0) return bucket_of;
+  if (bucket_bytes <= 0) return bucket_of;
   std::map<int64_t, OpenBucket> open;  // by key
   std::vector<int64_t> key_order;      // keys in order of first appearance
   std::vector<std::vector<size_t>> done;
   for (size_t i = 0; i < candidates.size; ++i) {
     const BucketCandidate& c = candidates[i];
-    if (c.bytes > budget_bytes) continue;
+    if (c.bytes > bucket_bytes) continue;
     auto [it, fresh] = open.try_emplace(c.key);
     if (fresh) key_order.push_back(c.key);
     OpenBucket& b = it->second;
     if (!b.members.empty() &&
-        !CanJoin(b, c, candidates[b.members.front()].position, budget_bytes, site)) {
+        !CanJoin(b, c, candidates[b.members.front()].position, bucket_bytes, site)) {
       done.push_back(std::move(b.members));
       b = OpenBucket();
     }
@@ -71,7 +71,7 @@ std::vector<int64_t> PackBuckets(Span<BucketCandidate> candidates, double budget
 std::vector<int64_t> BucketReduceScatters(int64_t num_nodes, Span<int64_t> edge_tails,
                                           Span<int64_t> edge_heads, Span<int64_t> candidates,
                                           Span<double> bytes, Span<int64_t> keys,
-                                          double budget_bytes) {
+                                          double bucket_bytes) {
   ValidateEdges(num_nodes, edge_tails, edge_heads);
   if (bytes.size != candidates.size || keys.size != candidates.size) {
     throw std::invalid_argument("candidates, bytes and keys must have the same length");
@@ -91,7 +91,7 @@ std::vector<int64_t> BucketReduceScatters(int64_t num_nodes, Span<int64_t> edge_
     // Issued at or after its own position: its inputs exist there.
     packed[i] = BucketCandidate{v, bytes[i], keys[i], v, first_user[v]};
   }
-  return PackBuckets(packed, budget_bytes, BucketSite::kLastMember);
+  return PackBuckets(packed, bucket_bytes, BucketSite::kLastMember);
 }
 
 }  // namespace dcr

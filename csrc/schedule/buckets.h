@@ -3,7 +3,7 @@
 //
 // Why: a collective costs a fixed latency whatever its size, and layer norms and biases make
 // most of the calls and few of the bytes. So small collectives of one kind (equal `key`: same
-// group, dtypes, device) are packed, in graph order, into buckets of at most `budget_bytes` in
+// group, dtypes, device) are packed, in graph order, into buckets of at most `bucket_bytes` in
 // all. A bucket is issued at one position (its site: where its first member stood for gathers,
 // which may run early; where its last member stood for reduce-scatters, which may wait), so a
 // member may join only if it can run there: no earlier than its inputs exist (`ready`) and no
@@ -39,9 +39,9 @@ struct BucketCandidate {
   int64_t deadline = 0;  // latest position it may run at (before its result is read)
 };
 
-// Bucket id per candidate (-1: alone). budget_bytes <= 0: no buckets at all. Throws
+// Bucket id per candidate (-1: alone). bucket_bytes <= 0: no buckets at all. Throws
 // std::invalid_argument if the positions are not strictly increasing.
-std::vector<int64_t> PackBuckets(Span<BucketCandidate> candidates, double budget_bytes,
+std::vector<int64_t> PackBuckets(Span<BucketCandidate> candidates, double bucket_bytes,
                                  BucketSite site, int64_t first_id = 0);
 
 // Gradient reduce-scatters of a graph in its own (topological) order, so a node's id is its
@@ -53,6 +53,6 @@ std::vector<int64_t> PackBuckets(Span<BucketCandidate> candidates, double budget
 std::vector<int64_t> BucketReduceScatters(int64_t num_nodes, Span<int64_t> edge_tails,
                                           Span<int64_t> edge_heads, Span<int64_t> candidates,
                                           Span<double> bytes, Span<int64_t> keys,
-                                          double budget_bytes);
+                                          double bucket_bytes);
 
 }  // namespace dcr

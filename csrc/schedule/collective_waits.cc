@@ -129,7 +129,7 @@ int64_t MostInFlight(const std::vector<int64_t>& order, Span<int64_t> starts, Sp
 }  // namespace
 
 WaitPlacement PlaceCollectiveWaits(const MemoryGraph& g, Span<int64_t> order,
-                                   Span<int64_t> starts, Span<int64_t> waits, double budget_bytes,
+                                   Span<int64_t> starts, Span<int64_t> waits, double prefetch_budget_bytes,
                                    int64_t max_in_flight) {
   g.Validate();
   if (starts.size != waits.size)
@@ -139,7 +139,7 @@ WaitPlacement PlaceCollectiveWaits(const MemoryGraph& g, Span<int64_t> order,
   WaitPlacement out;
   out.order = BuildOrder(w, waits, 0);
   out.peak_bytes = out.peak_bytes_synchronous = SimulateMemoryUnchecked(g, out.order).peak_bytes;
-  const double budget = budget_bytes < 0 ? out.peak_bytes_synchronous : budget_bytes;
+  const double budget = prefetch_budget_bytes < 0 ? out.peak_bytes_synchronous : prefetch_budget_bytes;
   // Largest D in [0, m] whose peak fits (peaks are non-decreasing in D); D = 0 is kept even
   // over the budget: it is the synchronous placement. out.order is always the order at lo.
   int64_t lo = 0, hi = static_cast<int64_t>(w.others.size());

@@ -16,7 +16,7 @@
 // reads a collective's result before it is waited on), tightened by the
 // in-flight limit: wait i comes before the start of the collective `max_in_flight` starts
 // later. Waits at one position keep their starts' order. D is the largest in [0, m] whose
-// simulated peak stays within budget_bytes (< 0: no higher than with every wait right after
+// simulated peak stays within prefetch_budget_bytes (< 0: no higher than with every wait right after
 // its start, D = 0: overlap for free). Peaks only grow with D (waits only move later, so
 // buffers only live longer): a binary search finds it.
 //
@@ -46,7 +46,7 @@ struct WaitPlacement {
 // reads neither its start nor an alias of it, one that reads another wait, or one whose producers come after
 // its first reader.
 WaitPlacement PlaceCollectiveWaits(const MemoryGraph& g, Span<int64_t> order,
-                                   Span<int64_t> starts, Span<int64_t> waits, double budget_bytes,
+                                   Span<int64_t> starts, Span<int64_t> waits, double prefetch_budget_bytes,
                                    int64_t max_in_flight);
 
 }  // namespace dcr

@@ -169,7 +169,7 @@ RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_ord
   std::vector<int64_t> slot_of(g.num_nodes, -1);
   s.order = BuildOrder(p, is_gather, 0, &slot_of);
   s.peak_bytes_no_prefetch = s.peak_bytes = SimulateMemoryUnchecked(g, s.order).peak_bytes;
-  const double budget = options.budget_bytes < 0 ? s.peak_bytes_no_prefetch : options.budget_bytes;
+  const double budget = options.prefetch_budget_bytes < 0 ? s.peak_bytes_no_prefetch : options.prefetch_budget_bytes;
   for (int64_t d = 1; d <= options.max_prefetch; ++d) {
     std::vector<int64_t> order = BuildOrder(p, is_gather, d, &slot_of);
     const double peak = SimulateMemoryUnchecked(g, order).peak_bytes;

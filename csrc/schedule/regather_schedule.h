@@ -38,11 +38,13 @@ namespace dcr {
 // No defaults: every field comes from the caller (the Python side builds it from RematConfig,
 // the single source of truth).
 struct ScheduleOptions {
-  ScheduleOptions(int64_t max_prefetch, double budget_bytes, double bucket_bytes)
-      : max_prefetch(max_prefetch), budget_bytes(budget_bytes), bucket_bytes(bucket_bytes) {}
+  ScheduleOptions(int64_t max_prefetch, double prefetch_budget_bytes, double bucket_bytes)
+      : max_prefetch(max_prefetch),
+        prefetch_budget_bytes(prefetch_budget_bytes),
+        bucket_bytes(bucket_bytes) {}
 
   int64_t max_prefetch;  // in anchors; >= 0
-  double budget_bytes;   // < 0: the peak without prefetch
+  double prefetch_budget_bytes;  // < 0: the peak without prefetch
   double bucket_bytes;   // <= 0: no bucketing
 };
 

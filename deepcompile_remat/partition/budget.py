@@ -137,7 +137,7 @@ class BudgetDecision:
     """The point chosen for a budget, and how far from optimal it can be: no cut within the
     budget costs less than hull_cost_at_budget."""
     point: BudgetPoint
-    budget_bytes: float
+    saved_bytes_budget: float
     vertex: int                # hull vertex index, -1 when the point lies inside an edge
     edge: int                  # hull edge walked, -1 at a vertex
     hull_cost_at_budget: float
@@ -176,12 +176,13 @@ class BudgetSweep:
         """Slope of each hull edge: bytes saved per unit of recompute cost."""
         return self._solver.hull().edge_lambda
 
-    def choose(self, budget_bytes: float) -> BudgetDecision:
-        """The least-cost cut whose saved bytes fit budget_bytes (budget_cut.h, "Choice").
+    def choose(self, saved_bytes_budget: float) -> BudgetDecision:
+        """The least-cost cut whose saved bytes fit saved_bytes_budget (budget_cut.h, "Choice").
         Raises BudgetInfeasibleError (a ValueError; .min_bytes) below the smallest feasible."""
-        d = self._solver.choose(float(budget_bytes))
+        d = self._solver.choose(float(saved_bytes_budget))
         return BudgetDecision(
-            point=self._point(d.point), budget_bytes=float(d.budget_bytes), vertex=d.vertex,
+            point=self._point(d.point), saved_bytes_budget=float(d.saved_bytes_budget),
+            vertex=d.vertex,
             edge=d.edge, hull_cost_at_budget=d.hull_cost_at_budget,
             optimality_gap=d.optimality_gap)
 

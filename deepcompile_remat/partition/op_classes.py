@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from deepcompile_remat import _C
+from deepcompile_remat.fx_arrays import OP_CLASS
 from deepcompile_remat.fx_values import OP_NAMESPACE
 
 aten = torch.ops.aten
@@ -87,7 +88,10 @@ def draws_randomness(node: fx.Node) -> bool:
 
 
 def classify(node: fx.Node) -> OpClass:
-    """The OpClass of `node` (module docstring)."""
+    """The OpClass of `node` (module docstring); a class a runtime pass set on the node
+    (fx_arrays.OP_CLASS) comes first."""
+    if OP_CLASS in node.meta:
+        return OpClass(node.meta[OP_CLASS])
     if node.op == "placeholder":
         return OpClass.PLACEHOLDER
     if node.op == "get_attr":
@@ -103,10 +107,6 @@ def classify(node: fx.Node) -> OpClass:
         return OpClass.RANDOM
     recomputable, compute_intensive, random, views = _torch_op_lists()
     if isinstance(target, torch._ops.OpOverload):
-        if target.name() == f"{OP_NAMESPACE}::secondary_shard":
-            # A copy out of a gathered weight, not one of its aliases; banned from
-            # recomputation at a price (it would take a re-gather across nodes).
-            return OpClass.COMPUTE_INTENSIVE
         if target.namespace in GATHER_NAMESPACES:
             return OpClass.GATHER
         packet = target.overloadpacket

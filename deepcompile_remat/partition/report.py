@@ -24,9 +24,9 @@ class SavedValue:
 @dataclass(frozen=True)
 class BudgetSummary:
     """Memory-budget mode's decision for one graph (RematConfig.memory_budget): no cut within
-    budget_bytes recomputes less than hull_cost_at_budget, so the chosen one is at most
+    saved_bytes_budget recomputes less than hull_cost_at_budget, so the chosen one is at most
     optimality_gap flops from the best."""
-    budget_bytes: float
+    saved_bytes_budget: float
     default_saved_bytes: float  # what the ordinary cut saves (a fractional budget's base)
     saved_bytes: float  # 1x bytes of the saved values, parameters free (the budget's measure)
     recompute_cost: float  # flops the backward recomputes (partition/budget.py estimate)
@@ -52,9 +52,10 @@ class PartitionReport:
     forward_ops: tuple[str, ...] = field(repr=False, default=())  # call targets, graph order
     backward_ops: tuple[str, ...] = field(repr=False, default=())
     collectives: tuple[str, ...] = ()  # "fw|bw:op:dtype:numel" per gather / reduce-scatter
-    schedule: tuple = ()  # per graph: the hooks' figures (zero3: schedule.ScheduleFigures)
+    schedule: tuple = ()  # per graph: the runtime's figures (zero3: schedule.ScheduleFigures)
+    runtime_summary: str = ""  # the runtime's own words for the summary line ('' : none)
     budget: BudgetSummary | None = None  # budget mode's decision; None: the ordinary cut
-    plan: object | None = None  # peak-target mode's decision (planner.PlanSummary); None: off
+    plan: object | None = None  # peak-target mode's decision (planning's PlanSummary); None: off
     # True: torch served this compile from its AOTAutograd cache, so nothing was partitioned in
     # this process; this is the report recorded when the cache entry was written (its timings
     # are that compile's). partition/report_cache.py keeps it beside the cache.
@@ -88,11 +89,11 @@ class PartitionReport:
                 f"{self.prepare_s * 1e3:.1f} ms, export "
                 f"{self.export_s * 1e3:.1f} ms, solve {self.solve_s * 1e3:.1f} ms, extract "
                 f"{self.extract_s * 1e3:.1f} ms"
-                f"{self._secondary_summary()}{self._plan_summary()}"
+                f"{self.runtime_summary}{self._plan_summary()}"
                 f"{'; restored with a compile served from the cache' if self.from_cache else ''}")
 
     def _plan_summary(self) -> str:
-        """'; peak target ...' in peak-target mode (planner.PlanSummary); '' otherwise."""
+        """'; peak target ...' in peak-target mode (planning.peak_target.PlanSummary); '' otherwise."""
         p = self.plan
         if p is None:
             return ""
@@ -100,20 +101,6 @@ class PartitionReport:
                 f"{p.predicted_peak_bytes:.0f} (the ordinary cut's {p.default_peak_bytes:.0f}), "
                 f"{p.kept_gathers} gathered weights kept, {p.evaluated} of {p.candidates} plans "
                 f"simulated")
-
-    def _secondary_summary(self) -> str:
-        """'; N backward re-gathers ...' where the ZeRO-3 runtime re-gathered within secondary
-        groups (zero3.shard(secondary_group=)); '' otherwise."""
-        figs = [f for f in self.schedule if getattr(f, "secondary_regathers", 0)
-                or getattr(f, "secondary_dropped", 0)]
-        if not figs:
-            return ""
-        dropped = sum(f.secondary_dropped for f in figs)
-        return (f"; {sum(f.secondary_regathers for f in figs)} backward re-gathers "
-                f"({sum(f.secondary_regather_bytes for f in figs)} bytes) within the secondary "
-                f"group, from {sum(f.secondary_shard_bytes for f in figs)} bytes of secondary "
-                "shards kept since the forward"
-                + (f" ({dropped} not kept: the memory budget)" if dropped else ""))
 
 
 _lock = threading.Lock()

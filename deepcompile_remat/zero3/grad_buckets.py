@@ -51,7 +51,7 @@ def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
         bytes=np.asarray([value_bytes(n.args[0].meta["val"]) for n in candidates],
                          dtype=np.float64),
         keys=compatibility_keys([_reduce_scatter_key(n) for n in candidates]),
-        budget_bytes=float(bucket_bytes))
+        bucket_bytes=float(bucket_bytes))
     buckets = members_by_bucket(candidates, bucket_of)
     for members in buckets:
         last = members[-1]

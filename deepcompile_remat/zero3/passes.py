@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from deepcompile_remat.fx_arrays import PIN_TO_FORWARD, RECOMPUTE_PRICE, output_nodes
+from deepcompile_remat import _C
+from deepcompile_remat.fx_arrays import OP_CLASS, PIN_TO_FORWARD, RECOMPUTE_PRICE, output_nodes
 from deepcompile_remat.fx_values import OPS, is_view
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -122,7 +123,7 @@ def price_regathers(gm: fx.GraphModule) -> int:
     weight's bytes at FLOPS_PER_CROSSING_BYTE, what running it again in the backward costs in
     the budget sweep's flops. It matters only where the cut may choose between keeping a
     gathered weight and re-gathering it (the ZeRO-3 marking off, in memory-budget or
-    peak-target mode: partition/planner.py); the marking forces the re-gather otherwise. One
+    peak-target mode: planning/peak_target.py); the marking forces the re-gather otherwise. One
     price for every gather, pessimistic for a gather inside a node (NVLink moves ~9x the bytes
     of a NIC): it errs towards keeping a weight gathered. Returns how many it priced."""
     priced = 0
@@ -190,6 +191,9 @@ def regather_within_secondary(gm: fx.GraphModule, num_fwd_outputs: int, secondar
         # memory-budget sweep may recompute it instead at its price (read_secondary_in_backward
         # then re-gathers from the shard, over the shard group).
         sec.meta[PIN_TO_FORWARD] = True
+        # A copy out of the gathered weight, not one of its aliases: banned from recomputation
+        # at a price, as a compute-intensive op is (recomputing it takes a re-gather).
+        sec.meta[OP_CLASS] = int(_C.OpClass.COMPUTE_INTENSIVE)
         sec.meta[RECOMPUTE_PRICE] = (
             full.numel() * full.element_size() * FLOPS_PER_CROSSING_BYTE)
         sec.meta[SECONDARY_SHARD_META] = secondary

@@ -130,7 +130,7 @@ def scatter_backends(gm: fx.GraphModule) -> set:
     return collective_backends(operands)
 
 
-def split_reduce_scatters(gm: fx.GraphModule, budget_bytes: float,
+def split_reduce_scatters(gm: fx.GraphModule, prefetch_budget_bytes: float,
                           max_in_flight: Optional[int] = None,
                           persistent_names: Iterable[str] = ()) -> tuple[int, int]:
     """Rewrites `gm` in place (module docstring); max_in_flight: at most this many
@@ -149,7 +149,7 @@ def split_reduce_scatters(gm: fx.GraphModule, budget_bytes: float,
     placed = _C.place_collective_waits(
         memory, order=order, starts=np.asarray([ids[s] for s, _ in pairs], dtype=np.int64),
         waits=np.asarray([ids[w] for _, w in pairs], dtype=np.int64),
-        budget_bytes=float(budget_bytes), max_in_flight=int(max_in_flight or 0))
+        prefetch_budget_bytes=float(prefetch_budget_bytes), max_in_flight=int(max_in_flight or 0))
     apply_order(gm, exported.nodes, memory.is_input, placed.order)
     for start, wait in pairs:
         _pin_after_compute(gm, start, wait)

@@ -9,6 +9,7 @@ the same graph, so collectives line up.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -27,20 +28,29 @@ from deepcompile_remat.zero3.passes import gather_dtype, is_allgather_cast
 
 @dataclass(frozen=True, slots=True)
 class ScheduleOptions:
-    """The schedule's settings, all from RematConfig (the one source of their defaults)."""
+    """The runtime's settings, all from RematConfig (the one source of their defaults). The
+    bucket sizes are None where the config says "auto": the planning layer reads them from the
+    graph (unit_buckets.py) before the runtime's passes run."""
     max_prefetch: int         # RematConfig.max_prefetch
-    budget_bytes: float       # RematConfig.prefetch_budget_bytes
-    bucket_bytes: float       # RematConfig.bucket_bytes
+    prefetch_budget_bytes: float  # RematConfig.prefetch_budget_bytes
+    bucket_bytes: Optional[float]  # RematConfig.bucket_bytes, for gathers
     async_gathers: AsyncGathers  # RematConfig.async_gathers
     async_reduce_scatters: AsyncGathers = "off"  # RematConfig.async_reduce_scatters
+    grad_bucket_bytes: Optional[float] = None  # RematConfig.bucket_bytes, for reduce-scatters
 
     @classmethod
     def from_config(cls, config: RematConfig) -> "ScheduleOptions":
         """The options `config` asks for."""
+        size = None if config.bucket_bytes == "auto" else float(config.bucket_bytes)
         return cls(max_prefetch=config.max_prefetch,
-                   budget_bytes=float(config.prefetch_budget_bytes),
-                   bucket_bytes=float(config.bucket_bytes), async_gathers=config.async_gathers,
-                   async_reduce_scatters=config.async_reduce_scatters)
+                   prefetch_budget_bytes=float(config.prefetch_budget_bytes),
+                   bucket_bytes=size, async_gathers=config.async_gathers,
+                   async_reduce_scatters=config.async_reduce_scatters, grad_bucket_bytes=size)
+
+    def with_bucket_bytes(self, gather_bytes: float, grad_bytes: float) -> "ScheduleOptions":
+        """These options with both bucket sizes set."""
+        return dataclasses.replace(self, bucket_bytes=float(gather_bytes),
+                                   grad_bucket_bytes=float(grad_bytes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +74,8 @@ class ScheduleFigures:
                                                 # stay in the secondary group (the node)
     secondary_shard_bytes: int = 0              # the secondary shards the forward hands over
     secondary_dropped: int = 0                  # secondary shards a memory budget gave up
+    bucket_bytes: float = 0.0                   # the gather bucket size used
+    grad_bucket_bytes: float = 0.0              # the reduce-scatter bucket size used (bw)
 
 
 def _is_reshape_or_cast(node: fx.Node) -> bool:
@@ -97,7 +109,8 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
     s = _C.schedule_regathers(
         memory, input_order=input_order, movable=movable, is_gather=is_gather,
         gather_key=gather_key, max_prefetch=int(options.max_prefetch),
-        budget_bytes=float(options.budget_bytes), bucket_bytes=float(options.bucket_bytes))
+        prefetch_budget_bytes=float(options.prefetch_budget_bytes),
+        bucket_bytes=float(options.bucket_bytes))
     apply_order(gm, nodes, memory.is_input, s.order)
     position = {n: i for i, n in enumerate(gm.graph.nodes)}  # after reordering
     for members in members_by_bucket(nodes, s.bucket_of):

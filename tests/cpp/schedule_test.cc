@@ -132,10 +132,10 @@ TEST(RegatherSchedule, PrefetchDistanceRespectsTheBudget) {
   ScheduleOptions o(3, 150 + 1 + 200 + 1, 0);  // room for one extra weight in flight
   RegatherSchedule s = m.g.Schedule(m.order, o);
   EXPECT_EQ(s.prefetch_distance, 1);
-  EXPECT_LE(s.peak_bytes, o.budget_bytes);
+  EXPECT_LE(s.peak_bytes, o.prefetch_budget_bytes);
   const std::vector<int64_t> expected = {m.gathers[0], m.gathers[1], 7, m.gathers[2], 8, 9};
   EXPECT_EQ(s.order, expected);
-  o.budget_bytes = -1;  // no more than without prefetch
+  o.prefetch_budget_bytes = -1;  // no more than without prefetch
   s = m.g.Schedule(m.order, o);
   EXPECT_EQ(s.prefetch_distance, 0);
 }

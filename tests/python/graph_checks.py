@@ -89,14 +89,15 @@ def capture_partitions():
     """Yields a list that fills with (fw, bw, parameter_names) for every partition made inside
     the block; parameter_names are the forward placeholders of the primals the backend passed
     as parameters (nn.Parameter inputs), in the order of the joint graph's primals."""
-    from deepcompile_remat.partition import partitioner
+    from deepcompile_remat.partition import cut
+    from deepcompile_remat.planning import partition_fn
 
-    seen, original = [], partitioner.partition_joint_graph
+    seen, original = [], partition_fn.partition_joint_graph
 
     def recording(joint_module, *args, **kwargs):
         primals = [n.name for n in joint_module.graph.nodes
                    if n.op == "placeholder" and n.name.startswith("primals")]
-        indices = partitioner.resolve_parameter_indices(
+        indices = cut.resolve_parameter_indices(
             joint_module, kwargs["config"], kwargs.get("parameter_indices"),
             kwargs.get("num_graph_inputs"), kwargs.get("static_lifetime_input_indices"))
         if indices is None:
@@ -105,11 +106,11 @@ def capture_partitions():
         seen.append((fw, bw, {primals[i] for i in indices}))
         return fw, bw
 
-    partitioner.partition_joint_graph = recording
+    partition_fn.partition_joint_graph = recording
     try:
         yield seen
     finally:
-        partitioner.partition_joint_graph = original
+        partition_fn.partition_joint_graph = original
 
 
 def _start_wait_ops() -> dict:

@@ -5,8 +5,8 @@ import in every file of both is checked against it, and the table itself has no 
 A part is a top-level entry of a package: a subpackage (partition/, zero3/, ...), a module
 (config.py, backends.py, ...), a native extension (_C, _cuda), or the package's own __init__
 (PACKAGE_API: `import deepcompile_remat as dcr`, `from deepcompile_remat import RematConfig`).
-Among the product, the partitioner knows nothing of ZeRO-3 (the runtime plugs in through
-PartitionHook) and the ZeRO-3 runtime does not reach into the partitioner; FX facts both need
+Among the product, the partition library knows nothing of ZeRO-3 and the ZeRO-3 runtime does
+not reach into it: the planning layer (planning/) sits above both and runs them; FX facts both need
 live in fx_values, and fx_arrays is the one bridge from FX graphs to the arrays the C++ core
 reads. The product never imports the tools. Among the tools, harness/ sits on the product;
 bench/ and profile/ share harness/ and never import each other.
@@ -33,13 +33,15 @@ ALLOWED: dict[str, set[str]] = {
     "comm": {"_C", "_cuda"},
     "partition": {"_C", "config", "fx_arrays", "fx_values"},
     "zero3": {"_C", "comm", "config", "fx_arrays", "fx_values"},
-    "backends": {"config", "partition", "zero3"},
+    "planning": {"_C", "config", "fx_arrays", "fx_values", "partition", "zero3"},
+    "backends": {"config", "partition", "planning", "zero3"},
     PACKAGE_API: {"_C", "config", "partition", "backends"},
     "deepspeed": {"backends", "config", "zero3"},
     # measurement tools (benchmarks/dcr_bench/)
     TOOLS_API: set(),
     "harness": set(),
-    "bench": {"backends", "config", "deepspeed", "fx_values", "harness", "mincut", "partition"},
+    "bench": {"backends", "config", "deepspeed", "fx_values", "harness", "mincut", "partition",
+              "planning"},
     "profile": {PACKAGE_API, "_C", "backends", "config", "deepspeed", "fx_arrays", "fx_values", "harness",
                 "partition", "zero3"},
     # the block's key table, made from RematConfig's field docstrings (README.md's)
@@ -187,7 +189,8 @@ def test_the_compile_cache_key_covers_the_product_only(tmp_path):
 
     hashed = backends.source_files()
     assert hashed and all(PACKAGE in p.parents for p in hashed)
-    assert PACKAGE / "partition" / "partitioner.py" in hashed
+    assert PACKAGE / "partition" / "cut.py" in hashed
+    assert PACKAGE / "planning" / "partition_fn.py" in hashed
     assert not [p for p in hashed if TOOLS in p.parents]
 
     tree = tmp_path / "tree"
@@ -279,3 +282,19 @@ def test_the_module_cycle_check_sees_a_function_level_cycle(tmp_path):
     cycles = _module_cycles(_module_imports(fake))
     assert cycles == [["deepcompile_remat.deepspeed.engine", "deepcompile_remat.deepspeed.takeover",
                        "deepcompile_remat.deepspeed.engine"]], cycles
+
+
+# The runtime's ops by name: the partition library must name none of them (it proposes cuts and
+# extracts graphs for any graph; what a ZeRO-3 op is, the runtime says through node.meta).
+ZERO3_OP_NAMES = ("allgather_cast", "reduce_scatter_grad", "secondary_shard",
+                  "allreduce_replicas")
+
+
+def test_the_partition_library_names_no_zero3_op():
+    """Guards against the partitioner special-casing a runtime op again (op_classes.py named
+    dcr::secondary_shard) or formatting the runtime's figures (report.py named secondary_*)."""
+    offenders = [f"{path.relative_to(PACKAGE)}: {name}"
+                 for path in sorted((PACKAGE / "partition").rglob("*.py"))
+                 for name in (*ZERO3_OP_NAMES, "secondary_")
+                 if name in path.read_text()]
+    assert not offenders, offenders

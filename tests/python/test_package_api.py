@@ -34,12 +34,13 @@ def test_the_errors_users_catch_are_at_the_top():
     internal module (BudgetInfeasibleError was only in partition.budget): the top's names are
     the very classes the partitioner, the budget mode and the solver raise."""
     from deepcompile_remat import mincut
-    from deepcompile_remat.partition import budget, partitioner, planner
+    from deepcompile_remat.partition import budget, cut
+    from deepcompile_remat.planning import peak_target
 
-    assert dcr.PartitionConflictError is partitioner.PartitionConflictError
+    assert dcr.PartitionConflictError is cut.PartitionConflictError
     assert dcr.BudgetInfeasibleError is budget.BudgetInfeasibleError
     assert dcr.UnboundedCutError is mincut.UnboundedCutError
-    assert dcr.PeakTargetInfeasibleError is planner.PeakTargetInfeasibleError
+    assert dcr.PeakTargetInfeasibleError is peak_target.PeakTargetInfeasibleError
     for err in (dcr.PartitionConflictError, dcr.BudgetInfeasibleError, dcr.UnboundedCutError,
                 dcr.PeakTargetInfeasibleError):
         assert issubclass(err, ValueError) and err.__doc__, err

@@ -1,4 +1,4 @@
-"""Peak-target mode (RematConfig.peak_target, partition/planner.py; issue 27 item 3): the plan's
+"""Peak-target mode (RematConfig.peak_target, planning/peak_target.py; issue 27 item 3): the plan's
 simulated peak fits the target, it is the cheapest plan that does, a lower target lowers the
 measured peak, training equals eager / one process, every rank decides alike, and a target no
 plan fits names the smallest one. Compile caches are off (conftest, cut_quality.compiled_step):
@@ -10,7 +10,8 @@ import torch.distributed as dist
 import deepcompile_remat as dcr
 from deepcompile_remat import zero3
 from deepcompile_remat.config import RematConfig
-from deepcompile_remat.partition import planner
+from deepcompile_remat.partition import proposals
+from deepcompile_remat.planning import peak_target as planner
 from dist_utils import assert_trains_like_one_process, gpt_and_batches, run_ranks
 from graph_checks import capture_partitions
 from test_zero3 import _train
@@ -68,10 +69,11 @@ def test_plan_is_the_cheapest_that_fits():
     original = planner.plan
 
     def simulate_all(graph, **kw):
-        cands = planner.candidates(graph, policy=kw["policy"],
-                                   mark_parameter_aliases=kw["mark_parameter_aliases"])
+        cands = proposals.candidates(graph, policy=kw["policy"],
+                                     mark_parameter_aliases=kw["mark_parameter_aliases"])
         for c in cands:
-            e = planner.evaluate(c, kw["build"], kw["parameter_names"], kw["fuses_pointwise"])
+            e = planner.evaluate(c, kw["settings"], kw["build"], kw["parameter_names"],
+                                 kw["fuses_pointwise"])
             everything[c.saved_ids] = (c.recompute_cost, e.peak_bytes)
         return original(graph, **kw)
 

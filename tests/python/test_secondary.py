@@ -184,7 +184,7 @@ def _secondary_under_a_budget(rank, world, budget):
     else:
         # A budget that fits them: every matrix's secondary shard is kept, as without one.
         assert kept and fig.secondary_dropped == 0 and fig.secondary_regathers > 0
-        assert rep.budget.saved_bytes <= rep.budget.budget_bytes
+        assert rep.budget.saved_bytes <= rep.budget.saved_bytes_budget
 
 
 @pytest.mark.parametrize("budget", [0, 1.0])

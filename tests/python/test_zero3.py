@@ -94,11 +94,11 @@ def _budget_mode(rank, world, kind, fraction):
     decided = [r for r in reports() if r.budget is not None]
     assert decided, "budget mode made no decision"
     for r in decided:
-        assert r.budget.saved_bytes <= r.budget.budget_bytes
-        assert r.budget.budget_bytes <= fraction * r.budget.default_saved_bytes
+        assert r.budget.saved_bytes <= r.budget.saved_bytes_budget
+        assert r.budget.saved_bytes_budget <= fraction * r.budget.default_saved_bytes
         assert not [v.name for v in r.saved if v.parameter and v.name in r.parameter_aliases]
     assert any(r.budget.saved_bytes < r.budget.default_saved_bytes for r in decided)
-    mine = [(r.budget.budget_bytes, r.budget.saved_bytes, r.budget.recompute_cost,
+    mine = [(r.budget.saved_bytes_budget, r.budget.saved_bytes, r.budget.recompute_cost,
              tuple(v.name for v in r.saved), r.recomputed) for r in decided]
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -721,7 +721,7 @@ def test_small_gathers_left_alone_are_packed():
                 if n.target is OPS.allgather_cast_bucket.default]
 
     def schedule(gm, bucket_bytes):
-        options = ScheduleOptions(max_prefetch=0, budget_bytes=-1.0,
+        options = ScheduleOptions(max_prefetch=0, prefetch_budget_bytes=-1.0,
                                   bucket_bytes=float(bucket_bytes), async_gathers="off")
         return schedule_gathers(gm, options, graph="fw").buckets
 

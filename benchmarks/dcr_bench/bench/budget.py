@@ -230,7 +230,8 @@ def run_ours(cap: joint_capture.JointCapture, memory_budget: float, policy: str)
     """Our partitioner at RematConfig(memory_budget=...), on a copy of the joint graph:
     (forward, backward, BudgetSummary). Raises BudgetInfeasibleError below our smallest cut."""
     from deepcompile_remat.config import RematConfig
-    from deepcompile_remat.partition import remat_partition_fn, reports
+    from deepcompile_remat.partition import reports
+    from deepcompile_remat.planning import remat_partition_fn
 
     partition_fn = remat_partition_fn(RematConfig(policy=policy, memory_budget=memory_budget))
     with compiling(cap):

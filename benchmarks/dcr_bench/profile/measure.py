@@ -102,7 +102,7 @@ def budget_figures(budget: Optional[float], reports: list) -> dict:
     if budget is None or not summaries:
         return row
     row.update(
-        budget_bytes=sum(b.budget_bytes for b in summaries),
+        budget_bytes=sum(b.saved_bytes_budget for b in summaries),
         budget_default_saved_bytes=sum(b.default_saved_bytes for b in summaries),
         budget_saved_bytes=sum(b.saved_bytes for b in summaries),
         recompute_flops=sum(b.recompute_cost for b in summaries),

@@ -91,16 +91,20 @@ def remat_config(setup: str) -> RematConfig:
 
 def bucketed_partitions(observer: Optional[Callable] = None) -> Callable:
     """An on_partition for torch's partitioner: gives each (fw, bw) pair the runtime's collective
-    buckets, as regather has them (Zero3Hooks.after_extract at prefetch distance 0), then shows
+    buckets, as regather has them (Zero3Runtime.rewrite at prefetch distance 0), then shows
     it to `observer`. backends.backend calls on_partition after the partitioner returns and
     before either graph is compiled, so what is compiled is the bucketed pair."""
     from dcr_bench.profile.partitions import parameter_names
-    from deepcompile_remat.zero3.hooks import Zero3Hooks
+    from deepcompile_remat.zero3.runtime import Zero3Runtime
+    from deepcompile_remat.zero3.topology import topology_of
+    from deepcompile_remat.zero3.unit_buckets import resolve_auto
 
-    hooks = Zero3Hooks(RematConfig(**_BUCKETS_NO_PREFETCH))
+    config = RematConfig(**_BUCKETS_NO_PREFETCH)
 
     def on_partition(fw, bw, example_inputs) -> None:
-        hooks.after_extract(fw, bw, parameter_names(fw, example_inputs))
+        runtime = Zero3Runtime(config, topology_of(fw))
+        settings, _ = resolve_auto(runtime.settings, fw, bw)  # the buckets ours reads
+        runtime.rewrite(fw, bw, parameter_names(fw, example_inputs), settings)
         if observer is not None:
             observer(fw, bw, example_inputs)
 

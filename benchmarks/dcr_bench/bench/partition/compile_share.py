@@ -17,11 +17,11 @@ def compile_once(name: str, kind: str, *, before: bool, tiny: bool = False) -> d
     import torch._inductor.config as inductor_config
 
     from deepcompile_remat.backends import backend
-    from deepcompile_remat.partition import partitioner
+    from deepcompile_remat.planning import partition_fn
 
     fn, inputs = build_speed_model(name, tiny)
     spent = []
-    real = partitioner.partition_joint_graph
+    real = partition_fn.partition_joint_graph
 
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
@@ -33,8 +33,8 @@ def compile_once(name: str, kind: str, *, before: bool, tiny: bool = False) -> d
     with contextlib.ExitStack() as stack:
         stack.enter_context(inductor_config.patch(fx_graph_cache=False))
         stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
-        partitioner.partition_joint_graph = timed  # remat_partition_fn's closure looks it up
-        stack.callback(setattr, partitioner, "partition_joint_graph", real)
+        partition_fn.partition_joint_graph = timed  # remat_partition_fn's closure looks it up
+        stack.callback(setattr, partition_fn, "partition_joint_graph", real)
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend=backend(kind))
         steps = []

@@ -56,7 +56,7 @@ def bench_one(layers: int, *, d_model: int, seq: int, autocast: bool, policy: st
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from deepcompile_remat.config import RematConfig
-    from deepcompile_remat.partition import remat_partition_fn
+    from deepcompile_remat.planning import remat_partition_fn
     from deepcompile_remat.partition.fx_export import is_primal
 
     cap = capture_joint_graph(layers, d_model=d_model, seq=seq, autocast=autocast)

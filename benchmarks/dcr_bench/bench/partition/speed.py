@@ -99,7 +99,7 @@ def measure_speed(name: str, cap: JointCapture, reps: int, policy: str) -> list[
     """torch, ours before and ours, alternated `reps` times after one untimed warm-up call
     each (imports, op tables, caches); one SpeedRow each."""
     from deepcompile_remat.config import RematConfig
-    from deepcompile_remat.partition import remat_partition_fn
+    from deepcompile_remat.planning import remat_partition_fn
 
     # "before": the same cut with the passes ours replaced (torch's cleaning and extraction).
     ours_fn = {before: remat_partition_fn(RematConfig(policy=policy), torch_passes=before)

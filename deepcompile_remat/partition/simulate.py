@@ -1,0 +1,44 @@
+"""The simulated peak of an FX graph in its own order (csrc/memsim), as a fusing compiler
+would run it.
+
+    peak, resident = graph_peak(gm, persistent_names=parameter_names)
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import torch.fx as fx
+
+from deepcompile_remat import _C, fx_arrays
+from deepcompile_remat.partition.op_classes import OpClass, classify
+
+_FUSED = (OpClass.POINTWISE, OpClass.CAST)  # ops a fusing compiler inlines into their reader
+_FUSING_READERS = (OpClass.POINTWISE, OpClass.CAST, OpClass.REDUCTION)
+
+
+def fused_away(gm: fx.GraphModule) -> set:
+    """The nodes a fusing compiler (inductor) never writes to memory: a pointwise op or cast
+    that is no graph output and whose one reader is a pointwise op, a cast or a reduction,
+    into whose kernel it is inlined. An approximation: inductor also fuses through views, and
+    into several readers where they share a kernel; a value read by two kernels is written."""
+    outputs = set(gm.graph.find_nodes(op="output")[0].all_input_nodes)
+    kinds = {n: classify(n) for n in gm.graph.nodes}
+    return {n for n in gm.graph.nodes
+            if kinds[n] in _FUSED and n not in outputs and len(n.users) == 1
+            and kinds[next(iter(n.users))] in _FUSING_READERS}
+
+
+def graph_peak(gm: fx.GraphModule, persistent_names: Iterable[str],
+               fuses_pointwise: bool = True) -> tuple[float, float]:
+    """(simulated peak, bytes of its persistent inputs) of `gm` in its own order: the inputs
+    named in persistent_names (the parameters) live before and after it, so a step's peak
+    above its memory at rest is the first less the second. fuses_pointwise: its compiler
+    fuses (fused_away nodes allocate nothing)."""
+    arrays = fx_arrays.graph_arrays(gm)
+    memory = fx_arrays.memory_graph(gm, persistent_names, graph=arrays,
+                                    no_buffer=fused_away(gm) if fuses_pointwise else ())
+    is_input = np.asarray(memory.is_input)
+    order = np.flatnonzero(is_input == 0).astype(np.int64)
+    resident = float(np.asarray(memory.bytes)[np.asarray(memory.persistent) != 0].sum())
+    return float(_C.simulate_memory(memory, order=order).peak_bytes), resident

@@ -1,0 +1,201 @@
+"""Peak-target mode: the fastest plan whose simulated peak fits (RematConfig.peak_target).
+
+memory_budget bounds the bytes the forward saves. That is not the peak: what a cut recomputes
+comes back in the backward, so the least-saving cut can peak higher than the ordinary one (at
+llama 4x512 seq 1024, memory_budget 0 raised the step's peak from 138 to 179 MB). This mode
+states the peak itself and plans each joint graph against it:
+
+1. Cuts: partition/proposals.py's candidates (the ordinary cut, the hulls with and without
+   the ZeRO-3 marking, points inside their edges), in ascending recompute cost. At most
+   MAX_EVALUATED are built, thinned evenly over the cost order, the ordinary cut always.
+2. Peak: each cut is built as it would run (extraction, then the runtime's passes with the
+   configured settings) and the memory simulator (partition/simulate.py) runs the forward and
+   the backward in their final order. The step's peak is the larger of the two, both counting
+   the parameters (shards) as resident and the batch, the backward its saved values and
+   tangents; the forward's user outputs (logits) are taken as dropped before the backward.
+3. Choice: the first cut in cost order whose simulated peak fits the target. Then the
+   runtime's settings: the chosen cut is built again with collective buckets BUCKET_STEP,
+   BUCKET_STEP^2, ... times the configured bucket_bytes (bucket_ladder), and the largest
+   whose peak still fits is kept (fewer collectives for the same bytes). The plan carries the
+   settings it was built with; nothing is handed back to the runtime to override.
+   A byte target no cut fits raises PeakTargetInfeasibleError naming the smallest simulated
+   peak; a fraction no cut reaches takes the lowest-peak plan with a warning (PlanSummary.met
+   False), as memory_budget raises a fraction to the smallest legal cut.
+
+The target is per compiled graph: with graph breaks, each graph is planned on its own, and the
+saved values of earlier graphs in the step are not counted against a later one.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from deepcompile_remat.config import PeakTargetInfeasibleError
+from deepcompile_remat.partition import fx_export
+from deepcompile_remat.partition.proposals import Candidate, candidates, parameter_gathers
+from deepcompile_remat.partition.simulate import graph_peak
+from deepcompile_remat.zero3.schedule import ScheduleOptions
+
+log = logging.getLogger(__name__)
+MAX_EVALUATED = 48  # builds per graph at most; beyond it the cuts are thinned evenly
+BUCKET_STEP = 4  # bucket sizes tried: the configured one times powers of this
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """Peak-target mode's decision for one graph (PartitionReport.plan). Peaks are the memory
+    simulator's, in bytes, inputs (parameter shards, the batch) included."""
+    target_bytes: float              # the target in bytes (not met: the lowest plan's peak)
+    predicted_peak_bytes: float      # the chosen plan's step peak
+    forward_peak_bytes: float
+    backward_peak_bytes: float
+    inputs_bytes: float              # resident throughout: the parameters (shards) it reads
+    default_peak_bytes: float        # the ordinary cut's (what no target gets)
+    min_peak_bytes: float            # the smallest of the plans evaluated (all: when none fit)
+    family: str                      # proposals.FAMILIES
+    recompute_cost: float            # flops (re-gathers at their price)
+    default_recompute_cost: float
+    saved_bytes: float
+    kept_gathers: int                # gathered weights the forward hands the backward
+    candidates: int                  # distinct cuts on the hulls
+    evaluated: int                   # of them built and simulated
+    met: bool = True                 # False: a fraction no plan reached; the lowest plan taken
+    bucket_bytes: float = 0.0        # the collective bucket size the plan uses
+
+
+Build = Callable[[Candidate, ScheduleOptions], tuple]
+"""build(candidate, settings) -> (fw, bw, ...): the cut extracted and the runtime's passes run
+with `settings`."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A candidate built with `settings` and simulated: the builder's result and the step's
+    simulated peaks."""
+    candidate: Candidate
+    settings: ScheduleOptions
+    built: tuple   # the builder's result; built[0], built[1] are the forward and backward
+    peak_bytes: float
+    forward_peak_bytes: float
+    backward_peak_bytes: float
+    inputs_bytes: float
+
+
+def resolve_target(peak_target: float, default_peak_bytes: float) -> float:
+    """Bytes (RematConfig.peak_target): a number <= 1 is a fraction of the ordinary cut's
+    simulated peak, a number > 1 is bytes, taken as is."""
+    if isinstance(peak_target, bool) or not isinstance(peak_target, (int, float)):
+        raise TypeError(f"peak_target must be a number, got {type(peak_target).__name__}")
+    if not math.isfinite(peak_target) or peak_target < 0:
+        raise ValueError(f"peak_target must be >= 0 and finite, got {peak_target}")
+    if peak_target <= 1:
+        return float(peak_target) * default_peak_bytes
+    return float(peak_target)
+
+
+def _thinned(cands: list[Candidate], limit: int) -> list[Candidate]:
+    """At most `limit` candidates, evenly spread over the cost order, ends kept."""
+    if len(cands) <= limit:
+        return cands
+    picks = sorted({round(k * (len(cands) - 1) / (limit - 1)) for k in range(limit)})
+    return [cands[k] for k in picks]
+
+
+def evaluate(candidate: Candidate, settings: ScheduleOptions, build: Build,
+             parameter_names: set[str], fuses_pointwise: bool = True) -> Evaluation:
+    """Builds `candidate` with `settings` and simulates both graphs."""
+    built = build(candidate, settings)
+    fw, bw = built[0], built[1]
+    fw_peak, fw_resident = graph_peak(fw, parameter_names, fuses_pointwise)
+    bw_peak, bw_resident = graph_peak(bw, parameter_names, fuses_pointwise)
+    # Both on the forward's footing: the parameters the backward does not read are resident too.
+    bw_peak += fw_resident - bw_resident
+    return Evaluation(candidate, settings, built, max(fw_peak, bw_peak), fw_peak, bw_peak,
+                      fw_resident)
+
+
+def bucket_ladder(configured: float, gathered_bytes: float) -> list[float]:
+    """Bucket sizes to try above the configured one: x4 steps from it until one bucket could
+    hold every gathered weight of the graph (none when the configured size is 0: buckets
+    off)."""
+    sizes, size = [], configured * BUCKET_STEP
+    while configured > 0 and size < BUCKET_STEP * gathered_bytes:
+        sizes.append(size)
+        size *= BUCKET_STEP
+    return sizes
+
+
+def _infeasible(peak_target, target, smallest, base, graph, evaluated, total) -> None:
+    """Raises for a byte target; warns for a fraction (module docstring, 3.)."""
+    why = (f"peak_target {peak_target:g} asks for a simulated peak of {target:,.0f} bytes "
+           f"for this graph ({len(graph.nodes)} nodes), but the smallest any plan reaches "
+           f"is {smallest:,.0f} bytes ({smallest / base.peak_bytes:.3f} of the ordinary "
+           f"cut's {base.peak_bytes:,.0f}; {evaluated} of {total} plans simulated)")
+    if peak_target > 1:  # bytes: a limit the caller set
+        raise PeakTargetInfeasibleError(
+            f"deepcompile_remat: {why}. Set peak_target to at least that, or shard or "
+            f"checkpoint more.", smallest)
+    log.warning("deepcompile_remat: %s; using that plan.", why)
+
+
+def log_plan(summary: PlanSummary) -> None:
+    """The plan in one INFO line."""
+    log.info("deepcompile_remat: peak target %.0f bytes: plan %s, simulated peak %.0f bytes "
+             "(ordinary cut %.0f), recomputes %.3g flops, buckets of %.0f bytes; %d of %d "
+             "plans simulated", summary.target_bytes, summary.family,
+             summary.predicted_peak_bytes, summary.default_peak_bytes, summary.recompute_cost,
+             summary.bucket_bytes, summary.evaluated, summary.candidates)
+
+
+def plan(graph: fx_export.ExportedJointGraph, *, peak_target: float, policy: str,
+         mark_parameter_aliases: bool, settings: ScheduleOptions, build: Build,
+         parameter_names: set[str], fuses_pointwise: bool = True
+         ) -> tuple[Evaluation, PlanSummary]:
+    """The cheapest cut whose simulated peak fits `peak_target` with the configured
+    `settings`, then the largest bucket size (bucket_ladder) with which it still fits
+    (module docstring). Raises PeakTargetInfeasibleError where no cut fits a byte target."""
+    cands = candidates(graph, policy=policy, mark_parameter_aliases=mark_parameter_aliases)
+    default = next(c for c in cands if c.family == "default")
+    pool = _thinned(cands, MAX_EVALUATED)
+    if default not in pool:
+        pool = sorted([*pool[:-1], default], key=cands.index)
+    done: dict[tuple, Evaluation] = {}
+
+    def run(c: Candidate) -> Evaluation:
+        if c.saved_ids not in done:
+            done[c.saved_ids] = evaluate(c, settings, build, parameter_names, fuses_pointwise)
+        return done[c.saved_ids]
+
+    base = run(default)
+    target = resolve_target(peak_target, base.peak_bytes)
+    chosen = next((e for e in map(run, pool) if e.peak_bytes <= target), None)
+    smallest = min(e.peak_bytes for e in done.values())
+    met = chosen is not None
+    if not met:
+        _infeasible(peak_target, target, smallest, base, graph, len(done), len(cands))
+        chosen = min(done.values(), key=lambda e: (e.peak_bytes, cands.index(e.candidate)))
+        target = chosen.peak_bytes
+    c = chosen.candidate
+    gathers = parameter_gathers(graph)
+    gathered = float(np.asarray(graph.bytes)[gathers].sum())
+    for size in bucket_ladder(settings.bucket_bytes, gathered):
+        scale = size / settings.bucket_bytes  # the gradient buckets grow alike
+        bigger = evaluate(c, settings.with_bucket_bytes(size, settings.grad_bucket_bytes * scale),
+                          build, parameter_names, fuses_pointwise)
+        if bigger.peak_bytes > target:
+            break  # a larger bucket holds more at once: it will not fit either
+        chosen = bigger
+    summary = PlanSummary(
+        target_bytes=target, predicted_peak_bytes=chosen.peak_bytes,
+        forward_peak_bytes=chosen.forward_peak_bytes,
+        backward_peak_bytes=chosen.backward_peak_bytes, inputs_bytes=chosen.inputs_bytes,
+        default_peak_bytes=base.peak_bytes, min_peak_bytes=smallest, family=c.family,
+        recompute_cost=c.recompute_cost, default_recompute_cost=default.recompute_cost,
+        saved_bytes=c.saved_bytes, kept_gathers=int(gathers[list(c.saved_ids)].sum()),
+        candidates=len(cands), evaluated=len(done), met=met,
+        bucket_bytes=chosen.settings.bucket_bytes)
+    return chosen, summary
