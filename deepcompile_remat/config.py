@@ -79,13 +79,8 @@ class RematConfig:
     dcr::allgather_cast_bucket_start / _wait: the same cast into the slot and in-place gather
     as every other gather, its collective left in flight in between) so communication
     overlaps compute. "auto": only where the collective runs on its own stream (NCCL).
-    "on" / "off": always / never. On gloo "auto" is off by measurement: with both kinds of
-    collective "on", a step was no faster in any of 12 comparisons (compare, 2 gloo ranks, a
-    quiet 2-core machine, 2026-11-25; ours-inductor and its layer-bucket row at GPT small,
-    llama seq 16 and llama 4x512 seq 1024, autocast and bf16): on - off from -12% to +12%,
-    inside the run-to-run spread of the same row (e.g. GPT small autocast, layer buckets:
-    0.093 / 0.106 s off, 0.102 / 0.095 s on; llama seq 1024 autocast: 0.674 off, 0.671 on),
-    and a few MB higher peaks for the buffers in flight. On CPU the collective's threads
+    "on" / "off": always / never. On gloo "auto" is off, by measurement
+    (benchmarks/README.md, "Async collectives on gloo"): on the CPU the collective's threads
     share the cores the compute would run on. Over gloo at most one gather is in flight."""
     async_reduce_scatters: AsyncGathers = "auto"
     """Split each gradient reduce-scatter of a backward graph (and each bucket of them) into

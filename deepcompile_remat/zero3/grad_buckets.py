@@ -1,8 +1,8 @@
 """Bucketed gradient reduce-scatters: small gradients share one collective.
 
 Every parameter's gradient leaves the backward through its own dcr::reduce_scatter_grad, and a
-collective costs a fixed latency whatever its size (gloo on loopback: ~2.7 ms for 4 bytes or
-1 MB; NCCL: tens of microseconds). Layer norms and biases make most of the calls and few of
+collective costs a fixed latency whatever its size (benchmarks/README.md gives gloo's and
+NCCL's). Layer norms and biases make most of the calls and few of
 the bytes, so the small ones (full gradient of at most `bucket_bytes`) are packed, in the
 order the backward produces them, into dcr::reduce_scatter_grad_bucket calls of at most
 `bucket_bytes` in all. A bucket is issued where its last member was; the members before it
