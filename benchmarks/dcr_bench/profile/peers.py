@@ -4,7 +4,8 @@ AdamW step, gradients released).
 
     ours-eager / ours-inductor      zero3.shard + torch.compile(backend=dcr.backend(kind)),
                                     torch.optim.AdamW on the shards; RematConfig's defaults
-                                    (gathers of at most 64 KB share a collective)
+                                    (bucket_bytes "auto": a layer's gathers in one collective,
+                                    its gradients in one reduce-scatter)
     ours-inductor-layer-buckets     the same with bucket_bytes = one layer's weights in 16 bits:
                                     gathers and reduce-scatters grouped like FSDP2's per-layer
                                     all-gathers (fewer collectives, a layer gathered at once)
