@@ -626,7 +626,8 @@ def test_bad_values_in_the_block_name_the_key():
     prefetch budget (every comparison with it false), keep_reports=true keeping one report."""
     from deepcompile_remat.deepspeed import config_from_deepspeed
 
-    for key, value, why in [("bucket_bytes", True, "must be an integer, got True"),
+    for key, value, why in [("bucket_bytes", True,
+                             r"must be one of \['auto'\] or an integer, got True"),
                             ("prefetch_budget_bytes", float("nan"), "must be a finite number, got nan"),
                             ("prefetch_budget_bytes", float("inf"), "must be a finite number, got inf"),
                             ("prefetch_budget_bytes", True, "must be a number, got True"),
