@@ -20,8 +20,10 @@ def test_bools_take_only_true_or_false(field, value):
 @pytest.mark.parametrize("field", ["max_prefetch", "bucket_bytes", "keep_reports"])
 @pytest.mark.parametrize("value", [True, False, 1.5, "3", None])
 def test_integers_refuse_bools_floats_and_strings(field, value):
-    """keep_reports=True once passed as 1 (a bool is an int to isinstance)."""
-    with pytest.raises(ValueError, match=rf"RematConfig.{field} must be an integer, "
+    """keep_reports=True once passed as 1 (a bool is an int to isinstance). bucket_bytes also
+    takes "auto", and says so."""
+    takes = "one of \\['auto'\\] or an integer" if field == "bucket_bytes" else "an integer"
+    with pytest.raises(ValueError, match=rf"RematConfig.{field} must be {takes}, "
                                          rf"got {value!r}"):
         RematConfig(**{field: value})
 
