@@ -11,9 +11,14 @@ from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 VERSION = (ROOT / "VERSION").read_text().strip()
+# Runs at interpreter start from site-packages: the DeepSpeed import hook
+# (deepcompile_remat/deepspeed/autoinstall.py says what it does, and DCR_AUTOINSTALL=0 how to
+# turn it off).
+PTH = ROOT / "deepcompile_remat" / "deepspeed" / "deepcompile_remat_autoinstall.pth"
 
 
 class CMakeExtension(Extension):
@@ -50,6 +55,27 @@ class CMakeBuild(build_ext):
                     shutil.copy2(extra, package_dir / extra.name)
 
 
+class BuildPyWithPth(build_py):
+    """build_py, and PTH at the top of what is installed: site-packages, not the package."""
+
+    def run(self) -> None:
+        super().run()
+        self.copy_file(str(PTH), os.path.join(self._top(), PTH.name))
+
+    def _top(self) -> str:
+        # A wheel installs build_lib; an editable wheel (PEP 660) is made of the folder
+        # setuptools points install_lib at (its unpacked wheel), and build_lib is thrown away.
+        if getattr(self, "editable_mode", False):
+            return self.get_finalized_command("install").install_lib
+        return self.build_lib
+
+    def get_outputs(self, include_bytecode: bool = True) -> list:
+        outputs = super().get_outputs(include_bytecode)
+        if not getattr(self, "editable_mode", False):
+            outputs.append(os.path.join(self.build_lib, PTH.name))
+        return outputs
+
+
 setup(
     name="deepcompile_remat",
     version=VERSION,
@@ -60,7 +86,7 @@ setup(
               *find_packages("benchmarks", include=["dcr_bench", "dcr_bench.*"])],
     package_dir={"dcr_bench": "benchmarks/dcr_bench"},
     ext_modules=[CMakeExtension("deepcompile_remat._C")],
-    cmdclass={"build_ext": CMakeBuild},
+    cmdclass={"build_ext": CMakeBuild, "build_py": BuildPyWithPth},
     python_requires=">=3.10",
     install_requires=["numpy"],
     extras_require={"test": ["pytest", "networkx"]},

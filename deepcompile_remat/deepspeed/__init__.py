@@ -14,6 +14,10 @@ takeover.py    ZeRO-3 parameters as our traced gathers, gradients into DeepSpeed
 optimizer_step.py  DeepSpeed's optimizer step holding only what it reads
 deepcompile.py with DeepCompile on (CUDA): our partitioner in place of DeepSpeed's
 _ds_internals.py  DeepSpeed's data the takeover frees, re-points and brings back
+autoinstall.py never silently off: deepspeed.initialize wrapped as DeepSpeed is imported, so
+               an enabled block without install() is taken over (a warning) or, under
+               DCR_AUTOINSTALL=0, refused; _import_hook.py, loaded at interpreter start by
+               deepcompile_remat_autoinstall.pth (site-packages), waits for `import deepspeed`
 
 DeepSpeed is imported only when called: reading a config block needs no DeepSpeed installed.
 """

@@ -209,10 +209,12 @@ _LIVE: "weakref.WeakSet[DeepSpeedAdapter]" = weakref.WeakSet()  # adapters holdi
 class DeepSpeedAdapter:
     """The patches deepcompile_remat made to one engine's DeepSpeed objects (or, for
     install(), to the deepspeed module), in the order made (module docstring). `label` names
-    it in messages."""
+    it in messages. `lasting`: uninstall() leaves it (the import hook's wrapper of
+    deepspeed.initialize, autoinstall.py); only its own undo() reverses it."""
 
-    def __init__(self, label: str):
+    def __init__(self, label: str, lasting: bool = False):
         self.label = label
+        self.lasting = lasting
         self.patches: list = []  # Patch, in the order made
         self._before_undo: list = []
 
@@ -249,7 +251,8 @@ class DeepSpeedAdapter:
     def _record_and_set(self, patch: Patch) -> None:
         self.patches.append(patch)
         setattr(patch.owner, patch.name, patch.replacement)
-        _LIVE.add(self)
+        if not self.lasting:
+            _LIVE.add(self)
 
     def share(self, owner, name: str, value: Any) -> None:
         """owner.name := value for as long as any adapter sharing it has not undone it (a
@@ -319,8 +322,9 @@ class DeepSpeedAdapter:
 
 
 def undo_every_adapter() -> None:
-    """undo() on every adapter still holding patches (uninstall(): every DeepSpeed attribute
-    deepcompile_remat patched is DeepSpeed's own again)."""
+    """undo() on every adapter still holding patches but a lasting one (uninstall(): every
+    DeepSpeed attribute deepcompile_remat patched is DeepSpeed's own again, deepspeed.initialize
+    the import hook's wrapper where the hook made one)."""
     for adapter in list(_LIVE):
         adapter.undo()
 

@@ -37,7 +37,11 @@ Callers that call deepspeed.initialize themselves (transformers' Trainer, Accele
 before them, ``deepcompile_remat.deepspeed.install()``, makes deepspeed.initialize this
 function for every caller; ``uninstall()`` puts back what install() replaced and ends every
 takeover still alive. Both are idempotent, and this function always calls DeepSpeed's own
-initialize, never whatever deepspeed.initialize is now.
+initialize, never whatever deepspeed.initialize is now. Where the package is installed, its
+import hook (autoinstall.py) has wrapped DeepSpeed's initialize as DeepSpeed was imported: a
+call with the block enabled comes here without install() (with a warning), and to this module
+the wrapper is DeepSpeed's own (use_as_stock), which install() replaces and uninstall() puts
+back.
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ from deepcompile_remat.deepspeed.adapter import (DeepSpeedAdapter, check_deepspe
 from deepcompile_remat.deepspeed.config import BLOCK, DeepSpeedSettings, load
 
 log = logging.getLogger(__name__)
-_stock: dict = {}  # "initialize": DeepSpeed's own deepspeed.initialize, once seen
+_stock: dict = {}  # "initialize": DeepSpeed's deepspeed.initialize (or the hook's wrapper of it)
 _INSTALL = DeepSpeedAdapter("install()")  # its one patch: deepspeed.initialize
 
 
@@ -64,8 +68,17 @@ def _remember_stock(fn) -> None:
 _remember_stock(getattr(sys.modules.get("deepspeed"), "initialize", None))
 
 
+def use_as_stock(fn, instead_of=None) -> None:
+    """`fn` is DeepSpeed's initialize from now on: the one install() replaces, uninstall() puts
+    back and ours calls. The import hook makes its wrapper of DeepSpeed's own (autoinstall.py)
+    the stock one as DeepSpeed is imported; `instead_of`: only where the stock one is that."""
+    if instead_of is None or _stock.get("initialize") is instead_of:
+        _stock["initialize"] = fn
+
+
 def stock_initialize() -> Callable:
-    """DeepSpeed's own initialize, whatever deepspeed.initialize has been replaced with."""
+    """DeepSpeed's own initialize (or the import hook's wrapper of it, which passes every call
+    ours makes through unchanged), whatever deepspeed.initialize has been replaced with."""
     import deepspeed
 
     _remember_stock(deepspeed.initialize)
@@ -120,17 +133,21 @@ def _warn_if_bound_elsewhere(current, stock) -> None:
                     "calls DeepSpeed's own", _qualified(current), _qualified(stock))
     holders = _holders_of(stock)
     if holders:
+        # With the import hook, `stock` is its wrapper: such calls still reach the block.
+        through_hook = getattr(stock, "_dcr_import_hook", False)
         log.warning("deepcompile_remat.deepspeed.install(): %s hold%s DeepSpeed's own "
                     "initialize (a `from deepspeed import initialize` made before install()); "
-                    "calls through %s bypass the \"%s\" block. Call install() before that "
-                    "import, or call deepspeed.initialize by its module.", ", ".join(holders),
+                    "calls through %s bypass %s. Call install() before that import, or call "
+                    "deepspeed.initialize by its module.", ", ".join(holders),
                     "s" if len(holders) == 1 else "", "it" if len(holders) == 1 else "them",
-                    BLOCK)
+                    "install() (the import hook's wrapper still takes an enabled block over, "
+                    "with a warning)" if through_hook else f"the \"{BLOCK}\" block")
 
 
 def uninstall() -> None:
-    """Undoes every patch deepcompile_remat made to DeepSpeed: deepspeed.initialize is what
-    install() replaced (DeepSpeed's own where ours was set by hand), and every engine still
+    """Undoes every patch deepcompile_remat made to DeepSpeed but the import hook's wrapper
+    (autoinstall.unwrap() removes that): deepspeed.initialize is what install() replaced
+    (DeepSpeed's own, or the wrapper, where ours was set by hand), and every engine still
     taken over ends its takeover (Takeover.end: DeepSpeed's attributes its own again; such an
     engine cannot train any more). Nothing to do if nothing was patched."""
     import deepspeed
@@ -147,7 +164,7 @@ def installed() -> bool:
     return bool(getattr(deepspeed.initialize, "_dcr_initialize", False))
 
 
-def _config_of(args, config, config_params):
+def config_of(args, config, config_params):
     """The config deepspeed.initialize would read, as (value, which argument held it)."""
     if config is not None:
         return config, "config"
@@ -182,7 +199,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                   mesh_param=mesh_param, config_params=config_params)
     if distributed_port is not None:  # else deepspeed's own default
         kwargs["distributed_port"] = distributed_port
-    value, source = _config_of(args, config, config_params)
+    value, source = config_of(args, config, config_params)
     if value is None:  # deepspeed's own error
         return stock(**kwargs)
     settings = DeepSpeedSettings.from_config(*load(value))
