@@ -129,7 +129,7 @@ TINY = ["--layers", "1", "--hidden", "64", "--heads", "2", "--seq", "8", "--voca
 
 
 def test_budgets_are_cells_after_the_setups():
-    from dcr_bench.profile.setups import Cell, matrix
+    from dcr_bench.profile.setups import PROFILE_BUCKET_BYTES, Cell, matrix
 
     cells = matrix(["eager"], ["autocast", "bf16"], ["baseline", "ours"], [1, 0.5, 1])
     assert [c.name for c in cells] == [
@@ -137,7 +137,8 @@ def test_budgets_are_cells_after_the_setups():
         for s in ("baseline", "ours", "ours@1", "ours@0.5")]
     budget_cell = cells[2]
     assert budget_cell.config().memory_budget == 1
-    assert budget_cell.config() == type(budget_cell.config())(memory_budget=1)
+    assert budget_cell.config() == type(budget_cell.config())(
+        memory_budget=1, bucket_bytes=PROFILE_BUCKET_BYTES)
     assert cells[1].config().memory_budget is None
     with pytest.raises(ValueError, match="budget runs the 'ours' setup"):
         Cell("eager", "autocast", "regather", budget=0.5)

@@ -2,8 +2,10 @@
 
 Every setup but `unbucketed` issues its collectives the same way, so that a column measures
 what it names and not bucketing: gathers that land at one point, and small ones, share a
-collective, and small gradients share reduce-scatters, by RematConfig.bucket_bytes (the
-runtime's own passes: zero3/schedule.py, zero3/grad_buckets.py).
+collective, and small gradients share reduce-scatters, by one fixed bucket_bytes,
+PROFILE_BUCKET_BYTES (64 KB, the default before "auto"; the runtime's own passes:
+zero3/schedule.py, zero3/grad_buckets.py). Fixed, so every row, and every earlier run, cuts
+under the same buckets; `compare` and `frontier` measure the defaults ("auto").
 
 setups
   unbucketed  torch's partitioner (min_cut_rematerialization_partition; stock inductor) and
@@ -18,7 +20,7 @@ setups
               the same buckets, no prefetch
   ours        regather + cast-before-gather (half the bytes on the wire, no fp32 full weight) +
               prefetch (each re-gather issued up to max_prefetch ops before its first use,
-              within the memory budget); RematConfig's defaults
+              within the memory budget); RematConfig's defaults but the buckets
   ours@B      ours in memory-budget mode, RematConfig(memory_budget=B) (`profile --budgets`):
               B <= 1 a fraction of the bytes the ordinary cut saves, > 1 bytes per graph; the
               cut then recomputes the fewest flops that keep the saved bytes within B
@@ -74,8 +76,10 @@ def is_budget_label(setup: str) -> bool:
     return setup.startswith(BUDGET_SETUP + "@")
 
 
+PROFILE_BUCKET_BYTES = 1 << 16  # every setup's buckets (module docstring)
 # Buckets without prefetch: the re-gather schedule at distance 0 (see the module docstring).
-_BUCKETS_NO_PREFETCH = {"cast_before_gather": False, "max_prefetch": 0}
+_BUCKETS_NO_PREFETCH = {"cast_before_gather": False, "max_prefetch": 0,
+                        "bucket_bytes": PROFILE_BUCKET_BYTES}
 
 
 def remat_config(setup: str) -> RematConfig:
@@ -85,7 +89,7 @@ def remat_config(setup: str) -> RematConfig:
     if setup == "regather":
         return RematConfig(**_BUCKETS_NO_PREFETCH)
     if setup == "ours":
-        return RematConfig()
+        return RematConfig(bucket_bytes=PROFILE_BUCKET_BYTES)
     raise ValueError(f"setup must be one of {SETUPS}, got {setup!r}")
 
 
