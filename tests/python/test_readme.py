@@ -102,7 +102,7 @@ def test_config_key_table_covers_every_field_with_its_json_default():
     enabled = next(r for r in rows if r.startswith("| `enabled`"))
     assert "| true or false | `true` |" in enabled
     bucket = next(r for r in rows if r.startswith("| `bucket_bytes`"))
-    assert "| integer >= 0 | `65536` |" in bucket
+    assert "| \"auto\" or integer >= 0 | `\"auto\"` |" in bucket
 
 
 def test_field_without_docstring_is_refused(monkeypatch):
