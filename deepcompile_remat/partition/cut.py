@@ -195,14 +195,14 @@ def static_nodes_of(joint_module: fx.GraphModule, static_indices: Sequence[int])
 
 
 def describe(graph: fx_export.ExportedJointGraph, config: RematConfig, extracted: Extracted,
-             saved_ids: Sequence[int], node_info: np.ndarray, *, timings: dict,
-             schedule: tuple = (), runtime_summary: str = "",
+             saved_ids: Sequence[int], node_info: np.ndarray, *, parameter_names: set[str],
+             timings: dict, schedule: tuple = (), runtime_summary: str = "",
              budget_summary: Optional[report.BudgetSummary] = None,
              plan: Any = None) -> report.PartitionReport:
     """The PartitionReport of one partition (timings: prepare_s, export_s, solve_s,
-    extract_s); logs the saved values a checkpoint region asked to recompute."""
+    extract_s; parameter_names: parameter_names_of(graph), which the caller has already);
+    logs the saved values a checkpoint region asked to recompute."""
     fw_module, bw_module = extracted.fw, extracted.bw
-    parameter_names = parameter_names_of(graph)
     fw_names = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
     recomputed = tuple(_recomputed_name(n) for n in bw_module.graph.nodes
                        if n.op == "call_function" and (n.name in fw_names or _is_replay(n)))

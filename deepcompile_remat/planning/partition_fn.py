@@ -112,6 +112,7 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
     fw, bw, extracted, figures = built
     t3 = time.perf_counter()
     rep = cut.describe(graph, config, extracted, saved_ids, node_info,
+                       parameter_names=parameter_names,
                        timings=dict(prepare_s=t0 - t_start, export_s=t1 - t0, solve_s=t2 - t1,
                                     extract_s=t3 - t2),
                        schedule=figures,

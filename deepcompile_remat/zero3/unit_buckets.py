@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch.fx as fx
 
-from deepcompile_remat.fx_values import OPS
+from deepcompile_remat.fx_values import OPS, value_bytes
 from deepcompile_remat.zero3.schedule import ScheduleOptions
 
 CAP_BYTES = 1 << 28  # 256 MiB: the most one automatic bucket holds
@@ -62,27 +62,22 @@ def _innermost_path(node: fx.Node, key: str) -> Optional[str]:
     return _DYNAMO_ROOT.sub("", path)  # "L['self'].model.layers.0" -> "model.layers.0"
 
 
-def _bytes(node: fx.Node) -> int:
-    val = node.meta.get("val")
-    return int(val.numel() * val.element_size()) if val is not None else 0
-
-
 def layer_bucket_sizes(gathers: fx.GraphModule,
                        scatters: Optional[fx.GraphModule] = None) -> LayerBucketSizes:
     """The bucket sizes of "auto" (module docstring), from the parameter gathers of
     `gathers` and the gradient reduce-scatters of `scatters` (default: the same graph; a
     joint graph has both once, a cut's forward the gathers and its backward the scatters)."""
-    gathered: dict[str, int] = {}
-    grads: dict[str, int] = {}
+    gathered: dict[str, float] = {}
+    grads: dict[str, float] = {}
     for node in gathers.graph.find_nodes(op="call_function", target=OPS.allgather_cast.default):
         if node.args[0].op == "placeholder":  # a shard's gather, not a re-gather of a slice
             layer = layer_of(_innermost_path(node, "nn_module_stack") or "")
-            gathered[layer] = gathered.get(layer, 0) + _bytes(node)
+            gathered[layer] = gathered.get(layer, 0) + value_bytes(node.meta.get("val"))
     scatters = gathers if scatters is None else scatters
     for node in scatters.graph.find_nodes(op="call_function",
                                           target=OPS.reduce_scatter_grad.default):
         layer = layer_of(_innermost_path(node, "fwd_nn_module_stack") or "")
-        grads[layer] = grads.get(layer, 0) + _bytes(node.args[0])
+        grads[layer] = grads.get(layer, 0) + value_bytes(node.args[0].meta.get("val"))
     layers = sorted(k for k in set(gathered) | set(grads) if k)
     if not layers:  # one unit: everything it gathers in one collective each way
         return LayerBucketSizes(float(min(sum(gathered.values()), CAP_BYTES)),
