@@ -104,8 +104,11 @@ def alias_fp32_partitions(optimizer) -> int:
     share that partition's storage, as DeepSpeed intended: the optimizer updates the parameter
     partitions in place and DeepSpeed's copy back after the step (fp16 <- fp32) copies a tensor
     onto itself. A checkpoint load writes through the alias (fp32_partitioned_groups_flat[i]
-    .data.copy_). Returns the bytes released."""
+    .data.copy_). Not under optimizer offload: the master belongs on the host (on a CPU
+    accelerator it only looks like a copy on the same device). Returns the bytes released."""
     released = 0
+    if optimizer.offload_optimizer:
+        return 0
     for lp, hp in zip(optimizer.fp16_partitioned_groups_flat,
                       optimizer.fp32_partitioned_groups_flat):
         if (hp is lp or hp.dtype != lp.dtype or hp.device != lp.device or hp.shape != lp.shape
@@ -122,20 +125,65 @@ def reads_gradients_per_parameter(optimizer) -> bool:
     tensor of its own (the one the backward produced) instead of a slot of the flat gradient
     buffer: everything it reads in the step either takes a list of tensors (the norm for
     clipping: averaged_gradients) or is replaced by optimizer_step.StepWithoutCopies (the
-    fp32 gradient, the clipping's scaling, the torch optimizer's step). Not where something
-    reads the flat buffer itself or the sub-group's flat fp32 gradient: fp16 (its overflow
-    check), optimizer offload, DeepSpeed's torch_autocast grad scaler, ZenFlow, Muon, a torch
-    optimizer not known to be elementwise."""
-    return (optimizer.dtype != torch.float16 and steps_the_torch_optimizer_itself(optimizer)
-            and type(optimizer.optimizer) in ELEMENTWISE)
+    fp32 gradient, the clipping's scaling, the torch optimizer's step). Under optimizer offload
+    the step reads the host's fp32 gradients and the norms recorded as they left
+    (send_grad_to_host), never a slot: per parameter too, whatever the optimizer. Not where
+    something reads the flat buffer itself or the sub-group's flat fp32 gradient: fp16 (its
+    overflow check), DeepSpeed's torch_autocast grad scaler, ZenFlow, Muon, a torch optimizer
+    not known to be elementwise (without offload)."""
+    if optimizer.dtype == torch.float16 or not _plain_step(optimizer):
+        return False
+    return offloads_gradients(optimizer) or type(optimizer.optimizer) in ELEMENTWISE
+
+
+def _plain_step(optimizer) -> bool:
+    return not (optimizer.torch_autocast_gradscaler or optimizer.zenflow or optimizer.use_muon)
+
+
+def offloads_gradients(optimizer) -> bool:
+    """Whether DeepSpeed's optimizer lives on the host (offload_optimizer "cpu"): its fp32
+    master, the fp32 gradients its step reads and its states; the takeover sends each
+    gradient partition there at the accumulation boundary (send_grad_to_host)."""
+    return bool(optimizer.offload_optimizer) and not getattr(optimizer, "swap_optimizer", False)
+
+
+def at_accumulation_boundary(optimizer) -> bool:
+    """Whether this backward ends a gradient accumulation window (the engine sets it before
+    engine.backward: "managed" accumulation); in the engine's "unmanaged" mode it turns true
+    only inside engine.step, whose finalize_gradient_accumulation_boundary then sends what
+    keep_for_boundary marked."""
+    return optimizer.is_gradient_accumulation_boundary()
+
+
+def send_grad_to_host(optimizer, param, grad: torch.Tensor) -> None:
+    """DeepSpeed's own boundary work for one gradient partition under offload
+    (_offload_grad_partition_at_boundary): its norm recorded for clipping, and a non-blocking
+    copy (cast to fp32) into the host's fp32 gradient the step reads. `param` is then no
+    longer owed to the boundary."""
+    optimizer._offload_grad_partition_at_boundary(param, grad, {}, {})
+    optimizer._offload_boundary_param_ids.discard(param.ds_id)
+
+
+def keep_for_boundary(optimizer, param) -> None:
+    """`param`'s slot holds gradient not yet sent to the host: DeepSpeed's
+    finalize_gradient_accumulation_boundary sends it (unmanaged mode), or the backward at the
+    boundary does (managed)."""
+    optimizer._offload_boundary_param_ids.add(param.ds_id)
+
+
+def host_grad_partition(optimizer, param) -> torch.Tensor:
+    """The host's fp32 gradient of `param` under offload (its span of the sub-group's
+    fp32_partitioned_groups_flat[i].grad): what send_grad_to_host wrote."""
+    sub_group, offset, _ = optimizer.grad_position[optimizer.get_param_id(param)]
+    flat = optimizer.fp32_partitioned_groups_flat[sub_group].grad
+    return flat.narrow(0, offset, param.partition_numel())
 
 
 def steps_the_torch_optimizer_itself(optimizer) -> bool:
     """Whether DeepSpeed's _optimizer_step is a plain torch optimizer.step() on the sub-group's
     flat fp32 tensor, which optimizer_step.StepWithoutCopies may replace by a step over views
     of it: not under optimizer offload, DeepSpeed's torch_autocast grad scaler, ZenFlow or Muon."""
-    return not (optimizer.offload_optimizer or optimizer.torch_autocast_gradscaler
-                or optimizer.zenflow or optimizer.use_muon)
+    return not optimizer.offload_optimizer and _plain_step(optimizer)
 
 
 def can_gather_from_master(optimizer) -> bool:

@@ -17,6 +17,13 @@ counted once, under the first owner that reaches it in this order:
   reduce buckets         ipg_buckets[dtype].buffer (DeepSpeed's gradient hooks' buckets)
   <attribute>            anything else, under the engine or optimizer attribute it hangs from
 
+Bytes on the host are kept apart from the accelerator's: their owner is suffixed " [host]"
+("optimizer states [host]"), and HeldBytes.on_accelerator / on_host sum each side. A tensor
+is on the host when it is on the CPU while the parameter partitions are on an accelerator, or
+when DeepSpeed placed it there for optimizer offload (the fp32 partitions, their gradients and
+the optimizer states under offload_optimizer "cpu"): on a CPU accelerator that memory is the
+same, and the split still says what a GPU run would hold where.
+
 An alias is reported once under its first owner and listed in ``aliases`` (owner -> the owner
 it shares storage with), so a reader sees what was not copied. Bytes are storage bytes: a
 view counts its whole storage once. No DeepSpeed import; reads the attributes DeepSpeed 0.19.8
@@ -29,6 +36,9 @@ from dataclasses import dataclass, field
 import torch
 
 _MAX_DEPTH = 4  # how far into lists, tuples and dicts under an attribute the sweep looks
+HOST = " [host]"  # the suffix of an owner's bytes held on the host
+# What DeepSpeed's ZeRO-3 puts on the host under offload_optimizer (stage3: self.device "cpu")
+_OFFLOADED_WITH_THE_OPTIMIZER = ("fp32 partitions", "fp32 gradients", "optimizer states")
 
 
 @dataclass
@@ -41,8 +51,18 @@ class HeldBytes:
 
     @property
     def total(self) -> int:
-        """Every owner's bytes together."""
+        """Every owner's bytes together, the accelerator's and the host's."""
         return sum(self.by_owner.values())
+
+    @property
+    def on_host(self) -> int:
+        """The bytes held on the host (owners suffixed HOST)."""
+        return sum(n for owner, n in self.by_owner.items() if owner.endswith(HOST))
+
+    @property
+    def on_accelerator(self) -> int:
+        """The bytes held on the accelerator."""
+        return self.total - self.on_host
 
     def table(self, numel: int = 0) -> str:
         """One line per owner: MiB, and bytes per model parameter when numel is given."""
@@ -52,8 +72,11 @@ class HeldBytes:
             lines.append(f"  {owner:<28} {n / 2**20:9.2f} MiB{per}")
         for owner, first in self.aliases.items():
             lines.append(f"  {owner:<28}  (aliases {first}: no bytes of its own)")
-        per = f"  {self.total / numel:5.2f} B/param" if numel else ""
-        lines.append(f"  {'total':<28} {self.total / 2**20:9.2f} MiB{per}")
+        sides = ([("on the accelerator", self.on_accelerator), ("on the host", self.on_host)]
+                 if self.on_host else [])
+        for label, n in sides + [("total", self.total)]:
+            per = f"  {n / numel:5.2f} B/param" if numel else ""
+            lines.append(f"  {label:<28} {n / 2**20:9.2f} MiB{per}")
         return "\n".join(lines)
 
 
@@ -72,15 +95,22 @@ def _tensors(obj, depth: int = 0):
 
 
 class _Ledger:
-    def __init__(self):
+    def __init__(self, accelerator: "str | None", offloaded: tuple = ()):
         self.owner_of: dict = {}  # storage key -> owner
         self.result = HeldBytes()
+        self.accelerator, self.offloaded = accelerator, offloaded
+
+    def _on_host(self, owner: str, t: torch.Tensor) -> bool:
+        return (owner in self.offloaded
+                or (t.device.type == "cpu" and self.accelerator not in (None, "cpu")))
 
     def add(self, owner: str, tensors) -> None:
+        named = owner
         for t in tensors:
             storage = t.untyped_storage()
             if t.device.type == "meta" or storage.nbytes() == 0:
                 continue
+            owner = named + HOST if self._on_host(named, t) else named
             key = (t.device, storage.data_ptr())
             first = self.owner_of.get(key)
             if first is None:
@@ -90,20 +120,31 @@ class _Ledger:
                 self.result.aliases.setdefault(owner, first)
 
 
+def _accelerator_of(params, masters) -> "str | None":
+    """The accelerator's device type: the parameter partitions' (a dropped one is on meta),
+    else the master weights'."""
+    for t in [getattr(p, "ds_tensor", None) for p in params] + masters:
+        if t is not None and t.device.type != "meta":
+            return t.device.type
+    return None
+
+
 def held_bytes(engine, *, device: str | torch.device | None = None) -> HeldBytes:
     """What `engine` (a DeepSpeed ZeRO-3 engine, taken over or not) holds now, by owner (module
-    docstring). `device`: count only tensors on that device type (default: the parameters')."""
+    docstring), the host's bytes apart. `device`: count only tensors on that device type
+    (default: the accelerator's and the host's)."""
     module, optimizer = engine.module, engine.optimizer
     inner = getattr(optimizer, "optimizer", None)
     params = list(module.parameters())
-    # The parameters' device: where the master weights are (a dropped ds_tensor is on meta).
     masters = [t for t in getattr(optimizer, "fp32_partitioned_groups_flat", []) or []
                if t is not None]
-    device_type = torch.device(device).type if device is not None else (
-        masters[0].device.type if masters else
-        params[0].ds_tensor.device.type if params and hasattr(params[0], "ds_tensor") else None)
-    ledger = _Ledger()
-    keep = (lambda ts: [t for t in ts if device_type is None or t.device.type == device_type])
+    accelerator = _accelerator_of(params, masters)
+    counted = ({torch.device(device).type} if device is not None
+               else {accelerator, "cpu"} - {None})
+    offloaded = _OFFLOADED_WITH_THE_OPTIMIZER if getattr(optimizer, "offload_optimizer",
+                                                         False) else ()
+    ledger = _Ledger(accelerator, offloaded)
+    keep = (lambda ts: [t for t in ts if not counted or t.device.type in counted])
 
     ledger.add("parameter partitions", keep(p.ds_tensor for p in params if hasattr(p, "ds_tensor")))
     ledger.add("gathered parameters", keep(p.data for p in params if p.numel() > 0))

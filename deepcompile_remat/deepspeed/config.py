@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Union
 
 from deepcompile_remat.config import RematConfig
+from deepcompile_remat.deepspeed import zero_fields
 
 BLOCK = "deepcompile_remat"
 
@@ -185,6 +186,36 @@ def _device_name(device: Any) -> Any:
     return None if device is None else str(getattr(device, "value", device))
 
 
+def _replaced_zero_keys(zero: Mapping[str, Any]) -> tuple:
+    """The keys of the "zero_optimization" section `zero` that the takeover replaces
+    (zero_fields: replaced) and that it sets to other than DeepSpeed's ZeRO-3 default or the
+    entry's quiet_for, by their config names. Each value is read by DeepSpeed's own model (an
+    alias or the field name, "auto" as DeepSpeed reads it); one DeepSpeed refuses is left for
+    DeepSpeed to name."""
+    replaced = zero_fields.keys_of(zero_fields.REPLACED)
+    if not zero or not replaced:
+        return ()
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    model = DeepSpeedZeroConfig.model_fields
+    field_name = {f.alias or name: name for name, f in model.items()}  # config key -> field
+    field_name.update({name: name for name in model})  # DeepSpeed takes field names too
+    default = DeepSpeedZeroConfig(stage=3)
+    found = []
+    for given, value in zero.items():
+        name = field_name.get(given)
+        key = model[name].alias or name if name is not None else None
+        if key not in replaced or value in zero_fields.ZERO_FIELDS[key].quiet_for:
+            continue
+        try:
+            read = DeepSpeedZeroConfig(stage=3, **{given: value})
+        except ValueError:  # pydantic's ValidationError: DeepSpeed names it as it builds
+            continue
+        if getattr(read, name) != getattr(default, name):
+            found.append(key)
+    return tuple(found)
+
+
 @dataclass(frozen=True)
 class DeepSpeedSettings:
     """Every setting of a DeepSpeed config that deepcompile_remat depends on, read once
@@ -202,7 +233,14 @@ class DeepSpeedSettings:
     stage: Any = _key("zero_optimization.stage", 0)
     """The ZeRO stage; the takeover takes over stage 3 only."""
     offload_optimizer: Any = _key("zero_optimization.offload_optimizer", None)
-    """The optimizer offload device ("cpu", "nvme"; "cpu_offload": true is "cpu"); refused."""
+    """The optimizer offload device ("cpu", "nvme"; "cpu_offload": true is "cpu"): "cpu" is
+    taken over (the fp32 master, its gradients and the optimizer states on the host, stepped
+    by DeepSpeed; takeover.py), "nvme" refused."""
+    offload_optimizer_ratio: Any = _key("zero_optimization.offload_optimizer.ratio", 1.0)
+    """The share of the optimizer offloaded (< 1.0: partial offload, some sub-groups stepped
+    on the accelerator); refused."""
+    super_offload: Any = _key("zero_optimization.offload_optimizer.super_offload", False)
+    """DeepSpeed's SuperOffload (its own optimizer, stepped beside the backward); refused."""
     offload_param: Any = _key("zero_optimization.offload_param", None)
     """The parameter offload device ("cpu_offload_param": true is "cpu"); refused."""
     zero_hpz_partition_size: Any = _key("zero_optimization.zero_hpz_partition_size", 1)
@@ -211,6 +249,15 @@ class DeepSpeedSettings:
     not refused."""
     mics_shard_size: Any = _key("zero_optimization.mics_shard_size", -1)
     """MiCS (> 0); refused."""
+    zero_quantized_weights: Any = _key("zero_optimization.zero_quantized_weights", False)
+    """ZeRO++'s qwZ (quantized weight all-gathers); refused."""
+    zero_quantized_nontrainable_weights: Any = _key(
+        "zero_optimization.zero_quantized_nontrainable_weights", False)
+    """ZeRO++'s non-trainable weights stored quantized; refused."""
+    zero_quantized_gradients: Any = _key("zero_optimization.zero_quantized_gradients", False)
+    """ZeRO++'s qgZ (quantized gradient all-to-all); refused."""
+    zenflow: Any = _key("zero_optimization.zenflow", None)
+    """The ZenFlow section as given (None: off); refused."""
     gradient_predivide_factor: Any = _key("gradient_predivide_factor", 1.0)
     """Anything but 1.0 refused: the takeover's reduce-scatter averages once."""
     sequence_parallel_size: Any = _key("sequence_parallel_size", 1)
@@ -225,6 +272,10 @@ class DeepSpeedSettings:
     """DeepCompile on: it runs ZeRO-3 and our partitioner replaces its own (CUDA only)."""
     for_deepspeed: Mapping = field(default_factory=dict, repr=False, compare=False)
     """The config DeepSpeed is given: this one without the "deepcompile_remat" block."""
+    replaced_zero_keys: tuple = ()
+    """The "zero_optimization" keys the config sets to other than DeepSpeed's default whose
+    job the takeover does itself (zero_fields: replaced), by their config names; engine.py
+    names them in one warning."""
 
     @classmethod
     def from_config(cls, ds_config: Mapping[str, Any], where: str) -> "DeepSpeedSettings":
@@ -235,26 +286,40 @@ class DeepSpeedSettings:
             where=where, remat=parse_block(ds_config, where),
             stage=_stage(ds_config),
             offload_optimizer=_offload_device(zero, "offload_optimizer", "cpu_offload"),
+            offload_optimizer_ratio=_section(zero, "offload_optimizer").get("ratio", 1.0),
+            super_offload=_section(zero, "offload_optimizer").get("super_offload", False),
             offload_param=_offload_device(zero, "offload_param", "cpu_offload_param"),
             zero_hpz_partition_size=zero.get("zero_hpz_partition_size", 1),
             mics_shard_size=zero.get("mics_shard_size", -1),
+            zero_quantized_weights=zero.get("zero_quantized_weights", False),
+            zero_quantized_nontrainable_weights=zero.get(
+                "zero_quantized_nontrainable_weights", False),
+            zero_quantized_gradients=zero.get("zero_quantized_gradients", False),
+            zenflow=zero.get("zenflow"),
             gradient_predivide_factor=ds_config.get("gradient_predivide_factor", 1.0),
             sequence_parallel_size=ds_config.get("sequence_parallel_size", 1),
             bf16=_enabled(ds_config.get("bf16")), fp16=_enabled(ds_config.get("fp16")),
             torch_autocast=ds_config.get("torch_autocast"),
             deepcompile=_section(ds_config, "compile").get("deepcompile"),
-            for_deepspeed={k: v for k, v in ds_config.items() if k != BLOCK})
+            for_deepspeed={k: v for k, v in ds_config.items() if k != BLOCK},
+            replaced_zero_keys=_replaced_zero_keys(zero))
 
     @classmethod
     def from_engine(cls, engine, remat: RematConfig) -> "DeepSpeedSettings":
         """The settings the takeover refuses, as the built `engine` resolved them (DeepSpeed's
         public config getters); the rest keep their defaults."""
+        offload_optimizer = engine.zero_offload_optimizer()
         return cls(
             where="the DeepSpeed engine", remat=remat, stage=engine.zero_optimization_stage(),
-            offload_optimizer=_device_name(getattr(engine.zero_offload_optimizer(), "device",
-                                                   None)),
+            offload_optimizer=_device_name(getattr(offload_optimizer, "device", None)),
+            offload_optimizer_ratio=getattr(offload_optimizer, "ratio", 1.0),
+            super_offload=getattr(offload_optimizer, "super_offload", False),
             offload_param=_device_name(getattr(engine.zero_offload_param(), "device", None)),
             zero_hpz_partition_size=engine.zero_hpz_partition_size(),
+            zero_quantized_weights=engine.zero_quantized_weights(),
+            zero_quantized_nontrainable_weights=engine.zero_quantized_nontrainable_weights(),
+            zero_quantized_gradients=engine.zero_quantized_gradients(),
+            zenflow=engine.zenflow_config(),
             gradient_predivide_factor=engine.gradient_predivide_factor(),
             sequence_parallel_size=getattr(engine, "sequence_parallel_size", 1))
 
@@ -271,16 +336,45 @@ class DeepSpeedSettings:
 
     def unsupported(self) -> list:
         """What the takeover does not implement, one sentence each, by DeepSpeed's names;
-        [] when it can take over. hpZ is taken over (zero_hpz_partition_size)."""
+        [] when it can take over. hpZ is taken over (zero_hpz_partition_size); zero_fields.py
+        says what becomes of every "zero_optimization" key."""
         problems = []
-        for name in ("offload_optimizer", "offload_param"):
-            device = _device_name(getattr(self, name))
-            if device is not None and device != "none":
-                problems.append(f"{self.key(name)} (device {device!r}) is not supported: the "
-                                "takeover keeps parameters, gradients and optimizer states "
-                                "where DeepSpeed's ZeRO-3 partitions them, on the accelerator")
+        optimizer_device = _device_name(self.offload_optimizer)
+        if optimizer_device not in (None, "none", "cpu"):
+            problems.append(f"{self.key('offload_optimizer')} (device {optimizer_device!r}) is "
+                            "not supported: the takeover offloads the optimizer to \"cpu\" "
+                            "only (NVMe swapping is DeepSpeed's alone)")
+        elif optimizer_device == "cpu" and self.offload_optimizer_ratio != 1.0:
+            problems.append(f"{self.key('offload_optimizer_ratio')} "
+                            f"{self.offload_optimizer_ratio!r} != 1.0 (partial offload) is not "
+                            "supported: the takeover sends every gradient to the host")
+        if optimizer_device == "cpu" and self.super_offload:
+            problems.append(f"{self.key('super_offload')} is not supported: SuperOffload "
+                            "steps its own optimizer beside DeepSpeed's gradient hooks, which "
+                            "the takeover replaces")
+        param_device = _device_name(self.offload_param)
+        if param_device not in (None, "none"):
+            problems.append(f"{self.key('offload_param')} (device {param_device!r}) is not "
+                            "supported: the takeover gathers parameters from shards on the "
+                            "accelerator (offload_optimizer \"cpu\" is supported)")
         if _more_than(self.mics_shard_size, 0):
             problems.append(f"{self.key('mics_shard_size')} > 0 (MiCS) is not supported")
+        if self.zero_quantized_weights:
+            problems.append(f"{self.key('zero_quantized_weights')} (ZeRO++ qwZ) is not "
+                            "supported: the takeover's own gathers would replace DeepSpeed's "
+                            "quantized ones")
+        if self.zero_quantized_nontrainable_weights:
+            problems.append(f"{self.key('zero_quantized_nontrainable_weights')} is not "
+                            "supported: DeepSpeed stores the non-trainable weights' shards "
+                            "quantized, which the takeover's gathers would read as weights")
+        if self.zero_quantized_gradients:
+            problems.append(f"{self.key('zero_quantized_gradients')} (ZeRO++ qgZ) is not "
+                            "supported: the takeover's own reduce-scatters would replace "
+                            "DeepSpeed's quantized gradient all-to-all")
+        if self.zenflow is not None:
+            problems.append(f"{self.key('zenflow')} (ZenFlow) is not supported: its selective "
+                            "updates hook DeepSpeed's gradient partitioning, which the takeover "
+                            "bypasses")
         if self.gradient_predivide_factor is not None and self.gradient_predivide_factor != 1.0:
             problems.append(f"gradient_predivide_factor {self.gradient_predivide_factor!r} != "
                             "1.0 is not supported")

@@ -8,11 +8,15 @@ The config is read once, into a DeepSpeedSettings (config.py): every DeepSpeed s
 module and the takeover depend on. Block absent or disabled: deepspeed.initialize(...) with the
 arguments as given (a block misnamed or misplaced, "deepcompile-remat" or nested in
 "zero_optimization", is an error either way). Enabled: ZeRO stage 3 is required, what the
-takeover does not implement (offload, MiCS, a gradient predivide factor, sequence parallelism)
+takeover does not implement (parameter offload, optimizer offload to NVMe, MiCS, ZeRO++'s
+quantized weights and gradients, ZenFlow, a gradient predivide factor, sequence parallelism)
 is refused, and every DeepSpeed class and module attribute the takeover uses must exist
 (adapter.check_deepspeed: an error naming each missing one), all before any engine is built;
-hpZ (zero_hpz_partition_size) is taken over as the runtime's node-local re-gathers. The block
-is removed from the config DeepSpeed sees; then either
+hpZ (zero_hpz_partition_size) is taken over as the runtime's node-local re-gathers. Every
+other "zero_optimization" key is honoured or replaced (zero_fields.py): rank 0 names the
+replaced ones the config sets (DeepSpeed's gather and reduce tuning, which the takeover's
+own gathers and reduce-scatters make moot) in one warning, with what does their job instead.
+The block is removed from the config DeepSpeed sees; then either
   - DeepCompile off: take_over() (takeover.py) puts the engine's parameters under our traced
     gathers and compiles the module with our backend, or
   - DeepCompile on (CUDA only): DeepCompile runs ZeRO-3 and we replace its partitioner
@@ -54,6 +58,7 @@ from deepcompile_remat.config import check_ranks_agree
 from deepcompile_remat.deepspeed.adapter import (DeepSpeedAdapter, check_deepspeed,
                                                  put_back_unrecorded, undo_every_adapter)
 from deepcompile_remat.deepspeed.config import BLOCK, DeepSpeedSettings, load
+from deepcompile_remat.deepspeed.zero_fields import replaced_warning
 
 log = logging.getLogger(__name__)
 _stock: dict = {}  # "initialize": DeepSpeed's deepspeed.initialize (or the hook's wrapper of it)
@@ -211,6 +216,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     check_ranks_agree(settings.for_ranks(), settings.where)
     if not settings.remat.enabled:
         return stock(**kwargs)
+    if settings.takes_over and settings.replaced_zero_keys and _rank() == 0:
+        log.warning("%s", replaced_warning(settings.replaced_zero_keys))
 
     # DeepSpeed accepts the unknown top-level block silently today; it is ours, not its.
     kwargs.update(config=dict(settings.for_deepspeed), config_params=None)

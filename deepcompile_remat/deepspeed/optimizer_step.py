@@ -71,10 +71,12 @@ class StepWithoutCopies:
         self.optimizer, self.per_parameter, self.sixteen_bit = optimizer, per_parameter, sixteen_bit
         self.last = len(optimizer.fp16_groups) - 1
         self.lp = getattr(optimizer, "lp_param_buffer", None)  # "bf16"/"fp16" only
-        # Under torch_autocast the parameter partitions are the fp32 master (aliases): nothing
-        # to free.
-        self.lp_derived = (self.lp is not None and self.lp.dtype
-                           != optimizer.fp32_partitioned_groups_flat[0].dtype)
+        # Whether the step frees the 16-bit partitions and rewrites them after the last update.
+        # Under torch_autocast they are the fp32 master (aliases): nothing to free. Under
+        # optimizer offload DeepSpeed's step never reads the accelerator's gradients (no
+        # prepare) and rewrites them sub-group by sub-group from the host: its own.
+        self.lp_derived = (self.lp is not None and not ds.offloads_gradients(optimizer)
+                           and self.lp.dtype != optimizer.fp32_partitioned_groups_flat[0].dtype)
         self.segments_of: dict = {}  # sub-group -> [(start, fp32 gradient)], per parameter
         # The granularity of our own runtime's step, one parameter's shard at a time: never
         # more chunks than parameters.
@@ -242,7 +244,10 @@ def hold_gradients_only_in_the_step(optimizer, sixteen_bit, adapter: DeepSpeedAd
 def _every_slot_readable(optimizer, per_parameter: bool) -> None:
     """Before DeepSpeed reads every gradient slot (the epilogue, the step): per parameter, a
     slot no backward wrote is zeros; otherwise the flat buffer is back (zeros with no
-    backward)."""
+    backward). Under optimizer offload, per parameter, neither reads a slot (the gradients
+    are on the host): nothing."""
+    if per_parameter and ds.offloads_gradients(optimizer):
+        return
     if per_parameter:
         ds.fill_unwritten_grad_partitions(optimizer)
     else:

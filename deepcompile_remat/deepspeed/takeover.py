@@ -21,10 +21,16 @@ Gradients: allgather_cast's backward reduce-scatters the full gradient (mean ove
 DeepSpeed's averaging), so each shard leaf receives exactly this rank's averaged partition. A
 post-accumulate-grad hook hands it to DeepSpeed's gradient partition the way partition_grads
 does (replace on the first micro-batch after a step, add on the next ones). Where DeepSpeed's
-step allows (bf16 and torch_autocast with an elementwise torch optimizer, no offload), the
-slot *is* that gradient: no flat gradient buffer exists, and the step reads each parameter's
-gradient in place. Elsewhere it is copied into DeepSpeed's flat buffer, which then exists only
-from the first gradient of a backward to the end of the optimizer step. The engine's own
+step allows (bf16 and torch_autocast with an elementwise torch optimizer, or any optimizer under
+optimizer offload), the slot *is* that gradient: no flat gradient buffer exists, and the step
+reads each parameter's gradient in place. Elsewhere it is copied into DeepSpeed's flat buffer,
+which then exists only from the first gradient of a backward to the end of the optimizer step.
+Under optimizer offload ("offload_optimizer": {"device": "cpu"}) DeepSpeed's fp32 master, its
+gradients and the optimizer states live on the host and DeepSpeed steps them there; at the
+accumulation boundary the hook sends each gradient partition to the host as the backward
+produces it (DeepSpeed's own copy and norm) and frees its slot, so no gradient of the whole
+shard is staged on the accelerator; the forward gathers DeepSpeed's parameter partitions,
+which its step rewrites from the host master. The engine's own
 backward epilogue then runs unchanged (empty reduce buckets): optimizer step, clipping,
 overflow checks and checkpoints read the partitions as they always do.
 
@@ -100,6 +106,8 @@ class Takeover:
     masters_at: tuple = ()
     # Whether DeepSpeed's gradient slots are the backward's own gradients (no flat buffer)
     per_parameter_gradients: bool = False
+    # offload_optimizer "cpu": each gradient partition leaves for the host at the boundary
+    offloads: bool = False
     # Parameters whose DeepSpeed secondary partitions (hpZ: zero_hpz_partition_size) are dropped
     hpz_params: list = field(default_factory=list)
     # Whether end() ran (engine.destroy() or uninstall()): the engine cannot train any more
@@ -206,23 +214,43 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
             return
         # DeepSpeed's rule (partition_grads): the first micro-batch after a step replaces the
         # slot, the next ones (and a second use in this one) add to it.
-        replace = p.ds_id not in takeover.written and ds.micro_step_id(optimizer) == 0
+        again = p.ds_id in takeover.written  # a second gradient in this micro-batch
+        replace = not again and ds.micro_step_id(optimizer) == 0
         takeover.written.add(p.ds_id)
         if takeover.per_parameter_gradients:
             slot = ds.grad_partition(optimizer, p)
+            if slot.device.type == "meta" and again and takeover.offloads:
+                slot = ds.host_grad_partition(optimizer, p).to(grad.device)  # sent already
             if replace or slot.device.type == "meta":
-                ds.set_grad_partition(optimizer, p, grad.to(slot.dtype))  # kept, not copied
+                slot = grad.to(slot.dtype)
+                ds.set_grad_partition(optimizer, p, slot)  # kept, not copied
             else:
                 slot.add_(grad.to(slot.dtype))
-            return
-        ds.restore_grad_partitions(optimizer)  # freed since the last step: back, zeroed
-        slot = ds.grad_partition(optimizer, p).narrow(0, 0, grad.numel())
-        if replace:
-            slot.copy_(grad)
         else:
-            slot.add_(grad.to(slot.dtype))
+            ds.restore_grad_partitions(optimizer)  # freed since the last step: back, zeroed
+            slot = ds.grad_partition(optimizer, p).narrow(0, 0, grad.numel())
+            if replace:
+                slot.copy_(grad)
+            else:
+                slot.add_(grad.to(slot.dtype))
+        if takeover.offloads:
+            _to_host_at_boundary(takeover, optimizer, p, slot)
 
     return hook
+
+
+def _to_host_at_boundary(takeover: Takeover, optimizer, p, slot: torch.Tensor) -> None:
+    """Optimizer offload: at the accumulation boundary the gradient partition leaves for the
+    host as the backward produces it (DeepSpeed's own copy into the fp32 gradient its step
+    reads, and the norm its clipping reads), and a per-parameter slot is freed at once: no
+    gradient of the whole shard is ever staged on the accelerator. Before the boundary the
+    slot keeps accumulating on the accelerator, as DeepSpeed's does."""
+    if not ds.at_accumulation_boundary(optimizer):
+        ds.keep_for_boundary(optimizer, p)
+        return
+    ds.send_grad_to_host(optimizer, p, slot)
+    if takeover.per_parameter_gradients:
+        ds.set_grad_partition(optimizer, p, torch.empty_like(slot, device="meta"))
 
 
 def requested_kind(backend: Any) -> Optional[str]:
@@ -425,6 +453,7 @@ def _take_over_started(engine, takeover: Takeover) -> None:
             optimizer, [p for p in module.parameters() if p.ds_id in masters], adapter)
     takeover.per_parameter_gradients = hold_gradients_only_in_the_step(
         optimizer, takeover.sixteen_bit, adapter)
+    takeover.offloads = ds.offloads_gradients(optimizer)
     takeover.hpz_params = _regather_within_hpz_groups(module, takeover.settings)
     _attach_leaves(takeover, module, masters)
     module.register_forward_pre_hook(_before_each_forward(takeover))

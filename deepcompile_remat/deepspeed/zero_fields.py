@@ -72,8 +72,9 @@ ZERO_FIELDS: dict = {
     "elastic_checkpoint": _honoured("DeepSpeed's checkpoints"),
     "offload_param": _refused("any device: the takeover gathers parameters from shards on "
                               "the accelerator"),
-    "offload_optimizer": _refused("device \"nvme\"; \"cpu\" is honoured (DeepSpeed steps the "
-                                  "optimizer on the host)"),
+    "offload_optimizer": _refused("device \"nvme\", a \"ratio\" below 1.0, \"super_offload\"; "
+                                  "\"cpu\" is honoured (DeepSpeed steps the optimizer on the "
+                                  "host, the takeover sends it each gradient)"),
     "zenflow": _refused("any: ZenFlow's selective updates hook DeepSpeed's gradient "
                         "partitioning, which the takeover bypasses"),
     "sub_group_size": _honoured("DeepSpeed's optimizer step"),

@@ -452,11 +452,12 @@ def test_deepspeeds_own_deepcompile_key_is_not_taken_for_the_block():
 
 
 @pytest.mark.parametrize("zero,top,named", [
-    ({"offload_optimizer": {"device": "cpu"}}, {}, r"zero_optimization.offload_optimizer "
-                                                   r"\(device 'cpu'\) is not supported"),
+    ({"offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, {},
+     r"zero_optimization.offload_optimizer \(device 'nvme'\) is not supported: the takeover "
+     r"offloads the optimizer to \"cpu\" only"),
     ({"offload_param": {"device": "nvme", "nvme_path": "/tmp"}}, {},
      r"zero_optimization.offload_param \(device 'nvme'\)"),
-    ({"cpu_offload": True}, {}, r"zero_optimization.offload_optimizer \(device 'cpu'\)"),
+    ({"offload_param": {"device": "cpu"}}, {}, r"zero_optimization.offload_param \(device 'cpu'\)"),
     ({"cpu_offload_param": True}, {}, r"zero_optimization.offload_param \(device 'cpu'\)"),
     ({"mics_shard_size": 2}, {}, r"mics_shard_size > 0 \(MiCS\)"),
     ({}, {"gradient_predivide_factor": 2.0}, r"gradient_predivide_factor 2.0 != 1.0"),
@@ -689,9 +690,9 @@ def _disabled_and_unsupported(rank, world):
     # Enabled on what the takeover does not implement: refused from the config, naming it.
     cfg = _config("bf16", True, zero_force_ds_cpu_optimizer=False, zero_optimization={
         "stage": 3, "stage3_param_persistence_threshold": 0,
-        "offload_optimizer": {"device": "cpu"}})
+        "offload_param": {"device": "cpu"}})
     with pytest.raises(ValueError, match=r"cannot take over this DeepSpeed engine: "
-                                         r"zero_optimization.offload_optimizer"):
+                                         r"zero_optimization.offload_param"):
         model = GPT()
         dcr_ds.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=cfg)
     # And from the engine, where a setting came from elsewhere than the config we read.
@@ -700,13 +701,13 @@ def _disabled_and_unsupported(rank, world):
     engine = dcr_ds.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
                                config=cfg)[0]
     with pytest.raises(ValueError, match=r"cannot take over this DeepSpeed engine: "
-                                         r"zero_optimization.offload_optimizer \(device 'cpu'\)"):
+                                         r"zero_optimization.offload_param \(device 'cpu'\)"):
         check_supported(engine, DeepSpeedSettings.from_config(cfg, "test config"))
 
 
 def test_disabled_block_is_plain_deepspeed_and_unsupported_features_are_refused():
     """Silent bugs guarded: a disabled block that still takes over (or compiles) the engine;
-    an offloading engine taken over with its gradients going nowhere."""
+    a parameter-offloading engine taken over with its shards where the gathers cannot read them."""
     run_ranks(_disabled_and_unsupported, 2)
 
 

@@ -267,10 +267,11 @@ def test_settings_hold_every_setting_the_takeover_depends_on():
                 3, 2, "cpu", None, True, False)
     assert settings.hpz and settings.takes_over and "deepcompile_remat" not in \
         settings.for_deepspeed
-    assert settings.unsupported() == [
-        "zero_optimization.offload_optimizer (device 'cpu') is not supported: the takeover "
-        "keeps parameters, gradients and optimizer states where DeepSpeed's ZeRO-3 partitions "
-        "them, on the accelerator", "gradient_predivide_factor 2.0 != 1.0 is not supported"]
+    # Optimizer offload to the host is taken over (test_deepspeed_offload.py), a partial one not.
+    assert settings.unsupported() == ["gradient_predivide_factor 2.0 != 1.0 is not supported"]
+    cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "ratio": 0.5}
+    assert DeepSpeedSettings.from_config(cfg, "ds.json").unsupported()[0].startswith(
+        "zero_optimization.offload_optimizer.ratio 0.5 != 1.0 (partial offload) is not supported")
     ranks = settings.for_ranks()
     assert ranks["zero_optimization.zero_hpz_partition_size"] == 2
     assert ranks["deepcompile_remat.enabled"] is True
