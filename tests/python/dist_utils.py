@@ -1,7 +1,20 @@
-"""Runs a test function on N ranks over gloo (the harness's rank spawner, a free local port)."""
+"""Runs a test function on N ranks over gloo.
+
+Rank processes are started once per test file (per world size and backend) and kept: each
+case's function runs in them one after another (a _RankPool), each with a fresh compile state
+(dynamo reset, caches off, our reports cleared, torch's seed as a new process has it), so a
+case pays no process start, torch and DeepSpeed import or rendezvous (about 8 s a case on 2
+cores). A case that fails, hangs or destroys the group ends its pool (the next case starts a new
+one); a case whose environment differs from the pool's (monkeypatch.setenv) or that asks for it
+(fresh=True) gets processes of its own (the harness's rank spawner, a free local port).
+"""
+import atexit
 import copy
 import faulthandler
+import multiprocessing.connection
 import os
+import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -12,7 +25,7 @@ from deepcompile_remat.zero3.custom_ops import (barrier_before_exit, release_in_
 from deepcompile_remat.zero3.shard import specs_of
 
 
-def _entry(rank, world, port, fn, args, backend="gloo"):
+def _start_rank(rank, world, port, backend) -> None:
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
@@ -22,6 +35,9 @@ def _entry(rank, world, port, fn, args, backend="gloo"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
+
+
+def _run_case(rank, world, fn, args) -> None:
     try:
         fn(rank, world, *args)
         if dist.is_initialized():
@@ -32,26 +48,167 @@ def _entry(rank, world, port, fn, args, backend="gloo"):
             # "Teardown").
             barrier_before_exit()
     finally:
-        # No work of ours outlives the group; no wait: a rank that failed mid-step must not hang.
+        # No work of ours outlives the case; no wait: a rank that failed mid-step must not hang.
         release_in_flight(wait=False)
+
+
+def _entry(rank, world, port, fn, args, backend="gloo"):
+    _start_rank(rank, world, port, backend)
+    try:
+        _run_case(rank, world, fn, args)
+    finally:
         if dist.is_initialized():  # fn may destroy the group itself (test_teardown)
             dist.destroy_process_group()
+
+
+# torch's default seed in a new process (torch.initial_seed()): a case run in a kept rank
+# process draws the numbers it would draw in a new one.
+_NEW_PROCESS_SEED = 67280421310721
+
+
+def _fresh_state() -> None:
+    """What a case finds in a new rank process: nothing compiled, no report, no secondary or
+    replicate group set for a group by an earlier case, torch's first seed."""
+    import torch._dynamo
+
+    import deepcompile_remat
+    from deepcompile_remat.zero3 import custom_ops
+
+    torch._dynamo.reset()
+    deepcompile_remat.clear_reports()
+    custom_ops._secondary_groups.clear()
+    custom_ops._replicate_groups.clear()
+    torch.manual_seed(_NEW_PROCESS_SEED)
+
+
+def _serve(rank, world, port, backend, conn) -> None:
+    """A kept rank process: runs each (fn, args) it is sent, answers None or the traceback; a
+    failure, or a case that destroyed the group, ends it."""
+    _start_rank(rank, world, port, backend)
+    while True:
+        job = conn.recv()
+        if job is None:
+            break
+        fn, args = job
+        try:
+            _fresh_state()
+            _run_case(rank, world, fn, args)
+        except BaseException:  # noqa: BLE001 - reported to the test, then this process ends
+            conn.send(f"rank {rank}: {traceback.format_exc()}")
+            os._exit(1)  # a peer may wait in a collective: no clean teardown
+        conn.send(None)
+        if not dist.is_initialized():
+            break
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class _RankPool:
+    """`world` kept rank processes (module docstring), for the cases of one test file."""
+
+    def __init__(self, world: int, backend: str, owner: str):
+        import torch.multiprocessing as mp
+
+        self.key, self.env = (world, backend, owner), dict(os.environ)
+        ctx, port = mp.get_context("spawn"), free_port()
+        self.conns, self.procs = [], []
+        for rank in range(world):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(rank, world, port, backend, theirs),
+                               daemon=True)
+            proc.start()
+            self.conns.append(mine)
+            self.procs.append(proc)
+
+    def run(self, fn, args, timeout_s: float) -> "str | None":
+        """None when every rank ran fn(rank, world, *args) through; else what went wrong (the
+        pool is closed then)."""
+        for conn in self.conns:
+            conn.send((fn, args))
+        waiting, deadline = dict(enumerate(self.conns)), time.monotonic() + timeout_s
+        while waiting:
+            ready = multiprocessing.connection.wait(
+                list(waiting.values()), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self.close()
+                return "timeout"
+            for rank, conn in list(waiting.items()):
+                if conn in ready:
+                    del waiting[rank]
+                    try:
+                        error = conn.recv()
+                    except EOFError:
+                        error = (f"rank {rank} exited with code "
+                                 f"{self.procs[rank].join(5) or self.procs[rank].exitcode}")
+                    if error is not None:
+                        self.close()
+                        return error
+        return None
+
+    @property
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+_pool: "list[_RankPool]" = []  # at most one: the current file's
+
+
+@atexit.register
+def _close_pool() -> None:
+    while _pool:
+        _pool.pop().close()
+
+
+def _pool_for(world: int, backend: str, owner: str) -> _RankPool:
+    if _pool and (_pool[0].key != (world, backend, owner) or not _pool[0].alive):
+        _close_pool()
+    if not _pool:
+        _pool.append(_RankPool(world, backend, owner))
+    return _pool[0]
 
 
 RANKS_TIMEOUT_S = 300.0
 
 
 def run_ranks(fn, world: int = 2, *args, timeout_s: float = RANKS_TIMEOUT_S,
-              backend: str = "gloo") -> None:
+              backend: str = "gloo", fresh: bool = False) -> None:
     """fn(rank, world, *args) on `world` processes whose default group has `backend`; an
     assertion on any rank fails the test, and so does a run past timeout_s (ranks that disagree
-    hang in a collective)."""
-    try:
-        spawn_for_rows(_entry, world, world, free_port(), fn, args, backend, timeout_s=timeout_s)
-    except RanksTimedOut:
+    hang in a collective). The processes are the test file's kept ones (module docstring)
+    unless `fresh` or the environment changed since they started."""
+    pool = None if fresh else _pool_for(world, backend, fn.__module__)
+    if pool is not None and pool.env != dict(os.environ):
+        pool = None
+    if pool is None:
+        try:
+            spawn_for_rows(_entry, world, world, free_port(), fn, args, backend,
+                           timeout_s=timeout_s)
+        except RanksTimedOut:
+            error = "timeout"
+        else:
+            return
+    else:
+        error = pool.run(fn, args, timeout_s)
+        if error is None:
+            return
+        _close_pool()
+    if error == "timeout":
         raise AssertionError(
             f"{fn.__name__} on {world} ranks did not finish in {timeout_s:.0f} s: a hang "
-            "(ranks waiting in mismatched collectives?)") from None
+            "(ranks waiting in mismatched collectives?)")
+    raise AssertionError(f"{fn.__name__} on {world} ranks failed:\n{error}")
 
 
 def full_grads(model) -> dict:
