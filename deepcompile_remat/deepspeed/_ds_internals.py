@@ -35,6 +35,7 @@ from deepcompile_remat.deepspeed.adapter import (GRAD_PARTITION_MAP,
 from deepcompile_remat.deepspeed.chunked_step import ELEMENTWISE
 
 log = logging.getLogger(__name__)
+_STAGE3_MODULE = "deepspeed.runtime.zero.stage3"
 
 
 def remove_zero3_hooks(engine, adapter: DeepSpeedAdapter) -> None:
@@ -92,6 +93,29 @@ def release_reduce_buckets(optimizer) -> int:
         released += buffer.numel() * buffer.element_size()
         bucket.buffer = buffer.new_empty(0)
     return released
+
+
+def fp32_partitions_created_as_aliases(adapter: DeepSpeedAdapter):
+    """Context manager for the engine build: while it is open, DeepSpeed's ZeRO-3 optimizer
+    creates its fp32 partitions with its device as a torch.device instead of a string, so its
+    own test for "the parameter partitions are fp32 already" (alias_fp32_partitions) holds and
+    it makes the aliases it means to, never the copies the takeover would free after the build
+    (4 bytes per parameter under torch_autocast). Recorded by `adapter`, put back on exit."""
+    import importlib
+
+    stage3 = importlib.import_module(_STAGE3_MODULE).DeepSpeedZeroOptimizer_Stage3
+    create = stage3._create_fp32_partitions
+
+    def create_fp32_partitions(self, *args, **kwargs):
+        named = self.device
+        if isinstance(named, str):
+            self.device = torch.device(named)
+        try:
+            return create(self, *args, **kwargs)
+        finally:
+            self.device = named
+
+    return adapter.replaced(stage3, "_create_fp32_partitions", create_fp32_partitions)
 
 
 def alias_fp32_partitions(optimizer) -> int:

@@ -68,6 +68,7 @@ REQUIRED_CLASS_ATTRIBUTES: dict = {
         "gradient_predivide_factor", "zero_quantized_weights",
         "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "zenflow_config"),
     _STAGE3: ("step", "destroy", "independent_gradient_partition_epilogue",
+              "_create_fp32_partitions",
               "_prepare_fp32_grad_for_sub_group", "unscale_and_clip_grads",
               "_reassign_or_swap_out_partitioned_parameters", "_optimizer_step", "loss_scale",
               "_offload_grad_partition_at_boundary", "is_gradient_accumulation_boundary",

@@ -329,6 +329,19 @@ class DeepSpeedSettings:
         DeepCompile off (with DeepCompile on, DeepCompile runs ZeRO-3)."""
         return self.remat.enabled and not self.deepcompile
 
+    def deepspeed_config(self) -> dict:
+        """The config DeepSpeed builds the engine from: this one without the block and, when
+        deepcompile_remat takes over, with "zero_optimization.contiguous_gradients" false:
+        with it on DeepSpeed preallocates its gradient reduce buckets (reduce_bucket_size
+        elements per gradient dtype: 2 GB fp32 plus 1 GB bf16 at its default) for the
+        gradient hooks the takeover removes, only for the takeover to free them. Nothing else
+        of DeepSpeed's ZeRO-3 reads it (zero_fields.py: replaced)."""
+        config = dict(self.for_deepspeed)
+        if self.takes_over:
+            config["zero_optimization"] = {**_section(config, "zero_optimization"),
+                                           "contiguous_gradients": False}
+        return config
+
     @property
     def hpz(self) -> bool:
         """Whether hpZ is on (zero_hpz_partition_size > 1)."""

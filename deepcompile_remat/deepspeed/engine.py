@@ -220,11 +220,18 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         log.warning("%s", replaced_warning(settings.replaced_zero_keys))
 
     # DeepSpeed accepts the unknown top-level block silently today; it is ours, not its.
-    kwargs.update(config=dict(settings.for_deepspeed), config_params=None)
+    kwargs.update(config=settings.deepspeed_config(), config_params=None)
     if source == "args.deepspeed_config":
         kwargs["args"] = copy.copy(args)
         kwargs["args"].deepspeed_config = None
-    result = stock(**kwargs)
+    if settings.takes_over:
+        from deepcompile_remat.deepspeed._ds_internals import fp32_partitions_created_as_aliases
+
+        build = DeepSpeedAdapter("the engine build")
+        with fp32_partitions_created_as_aliases(build):
+            result = stock(**kwargs)
+    else:
+        result = stock(**kwargs)
     _attach(result[0], settings)
     return result
 

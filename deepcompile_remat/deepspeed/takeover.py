@@ -5,10 +5,11 @@ placeholder whose rank-local slice lives in ``param.ds_tensor`` (1-D, padded, in
 DeepSpeed keeps: bf16 under "bf16", fp32 under "torch_autocast"). The takeover
 
   1. removes DeepSpeed's gather/release and gradient hooks (_ds_internals.remove_zero3_hooks)
-     and frees what only they used (its preallocated gradient reduce buckets, 3 GB at its
-     default reduce_bucket_size under torch_autocast), and under torch_autocast makes its fp32
-     partitions the aliases of the parameter partitions DeepSpeed meant them to be (it copies
-     them: 4 bytes per parameter);
+     and frees what only they used, if anything (the engine was built with none of it:
+     its gradient reduce buckets, 3 GB at its default reduce_bucket_size under torch_autocast,
+     are not allocated, config.DeepSpeedSettings.deepspeed_config; under torch_autocast its
+     fp32 partitions were created as the aliases of the parameter partitions DeepSpeed meant
+     them to be, _ds_internals.fp32_partitions_created_as_aliases, not copies);
   2. gives each parameter one *shard leaf*: an ``nn.Parameter`` aliasing ds_tensor's storage,
      so the optimizer's in-place updates of ds_tensor are what the next forward gathers;
   3. turns each module attribute into a property returning ``gather(leaf)`` (zero3.shard's

@@ -97,9 +97,9 @@ def _compare(rank, world, precision, kind, gas, persistence_threshold=0,
     else:
         assert ours.dcr_takeover.sixteen_bit is None
     # DeepSpeed's gradient reduce buckets (preallocated, 2 GB fp32 + 1 GB bf16 at its default
-    # size) serve only the hooks the takeover removed: released.
-    assert all(b.buffer is None or b.buffer.numel() == 0
-               for b in ours.optimizer.ipg_buckets.values())
+    # size) serve only the hooks the takeover removed: never allocated, none released.
+    assert all(b.buffer is None for b in ours.optimizer.ipg_buckets.values())
+    assert ours.dcr_takeover.released_bytes == 0
     initial = full_fp32_params(ours)
     in_update = _watch_the_update(ours.optimizer)
     zero3.CommStats.reset()
@@ -203,11 +203,12 @@ def _assert_holds_what_our_runtime_holds(stock, ours, precision):
     assert "gradient partitions" not in mine.by_owner, mine.table()
     if precision == "autocast":
         # DeepSpeed copies its fp32 partitions from the fp32 parameter partitions (its alias
-        # test compares a device with a string); under the takeover they are the same storage.
+        # test compares a device with a string); under the takeover they are the same storage,
+        # made so as the engine is built: no copy is ever allocated, none released after.
         assert theirs.by_owner.get("fp32 partitions", 0) >= 4 * shard, theirs.table()
         assert "fp32 partitions" not in mine.by_owner, mine.table()
         assert mine.aliases["fp32 partitions"] == "parameter partitions", mine.aliases
-        assert ours.dcr_takeover.released_fp32_bytes >= 4 * shard
+        assert ours.dcr_takeover.released_fp32_bytes == 0
         master = mine.by_owner["parameter partitions"]
     else:
         # bf16 partitions (2 bytes per parameter) held by stock DeepSpeed, dropped by ours: the
@@ -374,6 +375,50 @@ def test_checkpoints_cross_between_stock_deepspeed_and_the_takeover(tmp_path, pr
     that does not round-trip, a checkpoint of ours that stock DeepSpeed or zero_to_fp32 reads
     differently."""
     run_ranks(_checkpoints_cross, 2, str(tmp_path), precision)
+
+
+def _peak_total(prof) -> int:
+    """The largest CPU allocator total over a profiled region (absolute: what the process
+    holds then, not what the region added)."""
+    from dcr_bench.harness import memory
+
+    events = memory.allocation_events(memory.event_tree(prof), "cpu")
+    return max(total for _, total, _ in events)
+
+
+def _build_and_step_peaks(rank, world):
+    from torch.profiler import ProfilerActivity
+
+    from dcr_bench.harness import memory
+
+    assert memory.exact_cpu_counter()  # before anything is allocated: a new process
+    rank_env(rank, world)
+    seq_batch = dict(micro_batch=4, clipping=0.4)
+    peaks = {}
+    for on in (False, True):
+        with memory.profiled(activities=[ProfilerActivity.CPU], profile_memory=True) as build:
+            engine = _engine(ds_config("autocast", on, "eager", **seq_batch))
+        _train(engine, rank, range(2))  # the optimizer's state exists after the first step
+        with memory.profiled(activities=[ProfilerActivity.CPU], profile_memory=True) as step:
+            _train(engine, rank, range(2, 3))
+        peaks[on] = (_peak_total(build), _peak_total(step))
+        engine.destroy()
+        del engine
+    (stock_build, stock_step), (build, step) = peaks[False], peaks[True]
+    # DeepSpeed's reduce buckets (reduce_bucket_size 5e8 elements: 2 GB fp32, 1 GB bf16) are
+    # what stock allocates at build and the takeover used to free after it.
+    assert stock_build > 2 ** 30 + build, peaks
+    assert build <= step, f"the takeover's build peaks at {build} B, its step at {step} B"
+
+
+def test_the_engine_build_allocates_nothing_the_takeover_frees():
+    """Before: a takeover engine's build allocated DeepSpeed's gradient reduce buckets (3 GB
+    at DeepSpeed's default size) and, under torch_autocast, a copy of the fp32 parameter
+    partitions, and the takeover freed both after the build: the run's peak was the build's.
+    Now neither is allocated (config.DeepSpeedSettings.deepspeed_config,
+    _ds_internals.fp32_partitions_created_as_aliases), and the build's peak is no higher than
+    a training step's."""
+    run_ranks(_build_and_step_peaks, 2, fresh=True)
 
 
 def test_unknown_key_lists_the_valid_keys():
