@@ -38,6 +38,9 @@ AdamW step, gradients released).
                                     max_reuse_distance, prefetch_bucket_size and the persistence
                                     threshold 0; reduce_bucket_size hidden^2, HF's "auto")
     deepspeed(-lean)-compiled       the same plus engine.compile(backend="inductor")
+    deepspeed-lean-offload /        the lean knobs / our block, with "offload_optimizer" on
+    ours-deepspeed-offload          the host ("cpu"; a torch AdamW stepped there): held bytes
+                                    name what is on the host ("[host]")
 
 Precision "autocast": fp32 parameters and bf16 compute (ours and DeepSpeed: torch.autocast;
 FSDP2: its MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), how FSDP2 does it).
@@ -158,15 +161,18 @@ def _deepspeed_available() -> None:
         raise Unavailable(f"DeepSpeed is not installed ({e}); scripts/install.sh installs it")
 
 
-def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool, remat: dict) -> dict:
+def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool, remat: dict,
+               offload: bool = False) -> dict:
     zero = {"stage": 3}
+    if offload:  # DeepSpeed's optimizer on the host; a torch optimizer (no cpu_adam build)
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     if lean:
         zero.update(stage3_max_live_parameters=0, stage3_max_reuse_distance=0,
                     stage3_prefetch_bucket_size=0, stage3_param_persistence_threshold=0,
                     reduce_bucket_size=w.hidden * w.hidden)
     cfg = {"train_micro_batch_size_per_gpu": w.batch, "gradient_accumulation_steps": 1,
            "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True,
-           "zero_optimization": zero}
+           "zero_optimization": zero, "zero_force_ds_cpu_optimizer": not offload}
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     else:
@@ -176,10 +182,11 @@ def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool, remat: di
     return cfg
 
 
-def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = False):
+def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = False,
+              offload: bool = False):
     """A stock DeepSpeed ZeRO-3 peer: DeepSpeed's defaults, or its least-memory knobs with
-    `lean`; engine.compile with `compiled`; our "deepcompile_remat" block with `ours_on`.
-    Returns the peer's factory."""
+    `lean`; engine.compile with `compiled`; our "deepcompile_remat" block with `ours_on`;
+    the optimizer offloaded to the host with `offload`. Returns the peer's factory."""
     def make(w: Workload, precision: str, device, remat: dict) -> System:
         _deepspeed_available()
         if torch.device(device).type == "cpu":
@@ -189,7 +196,7 @@ def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = Fal
         model = w.build(precision, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         engine, *_ = initialize(model=model, optimizer=optimizer,
-                                config=_ds_config(w, precision, lean, ours_on, remat))
+                                config=_ds_config(w, precision, lean, ours_on, remat, offload))
         if compiled:
             engine.compile(backend="inductor")
 
@@ -253,6 +260,7 @@ PEERS: dict = {
                                               bucket_element_bytes=4),
     "ours-inductor-mp": ours("inductor", mixed_precision=True),
     "ours-deepspeed": deepspeed(lean=False, ours_on=True),
+    "ours-deepspeed-offload": deepspeed(lean=False, ours_on=True, offload=True),
     "fsdp2-block": fsdp2("block"),
     "fsdp2-block-compiled": fsdp2("block", compiled=True),
     "fsdp2-module": fsdp2("module"),
@@ -260,4 +268,5 @@ PEERS: dict = {
     "deepspeed-lean": deepspeed(lean=True),
     "deepspeed-compiled": deepspeed(compiled=True),
     "deepspeed-lean-compiled": deepspeed(lean=True, compiled=True),
+    "deepspeed-lean-offload": deepspeed(lean=True, offload=True),
 }
