@@ -83,12 +83,16 @@ def _fresh_state() -> None:
 
 def _serve(rank, world, port, backend, conn) -> None:
     """A kept rank process: runs each (fn, args) it is sent, answers None or the traceback; a
-    failure, or a case that destroyed the group, ends it."""
-    _start_rank(rank, world, port, backend)
+    failure, or a case that destroyed the group, ends it. The group starts with the first
+    case, once its module is imported (a test's own backend, recording_pg's, registers then)."""
+    started = False
     while True:
         job = conn.recv()
         if job is None:
             break
+        if not started:
+            _start_rank(rank, world, port, backend)
+            started = True
         fn, args = job
         try:
             _fresh_state()

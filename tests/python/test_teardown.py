@@ -90,7 +90,8 @@ def test_two_rank_training_exits_cleanly_beside_a_cpu_load():
             for kind, autocast in CONFIGS:
                 runs += 1
                 try:
-                    run_ranks(_train_sgd_then_destroy, 2, kind, autocast)
+                    # Processes of its own: what is checked is how a rank process exits.
+                    run_ranks(_train_sgd_then_destroy, 2, kind, autocast, fresh=True)
                 except Exception as e:  # a rank killed by a signal, a failed check, a hang
                     failures.append(f"round {round_} {kind} {'bf16' if autocast else 'fp32'}: "
                                     f"{type(e).__name__}: {e}")

@@ -79,7 +79,8 @@ def _run(tmp_path, layout, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
-    run_ranks(_job, 2, str(tmp_path / "cache"), layout, str(out))
+    # A job of new processes each time, as a user's jobs are: only the disk cache is shared.
+    run_ranks(_job, 2, str(tmp_path / "cache"), layout, str(out), fresh=True)
     return [json.loads((out / f"{layout}-{r}.json").read_text()) for r in range(2)]
 
 
