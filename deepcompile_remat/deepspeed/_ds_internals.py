@@ -31,11 +31,10 @@ import torch
 from deepcompile_remat.deepspeed.adapter import (GRAD_PARTITION_MAP,
                                                  OPTIMIZER_METHODS_READING_16BIT,
                                                  PARAMETER_METHODS_READING_16BIT,
-                                                 DeepSpeedAdapter)
+                                                 DeepSpeedAdapter, stage3_optimizer_class)
 from deepcompile_remat.deepspeed.chunked_step import ELEMENTWISE
 
 log = logging.getLogger(__name__)
-_STAGE3_MODULE = "deepspeed.runtime.zero.stage3"
 
 
 def remove_zero3_hooks(engine, adapter: DeepSpeedAdapter) -> None:
@@ -101,9 +100,7 @@ def fp32_partitions_created_as_aliases(adapter: DeepSpeedAdapter):
     own test for "the parameter partitions are fp32 already" (alias_fp32_partitions) holds and
     it makes the aliases it means to, never the copies the takeover would free after the build
     (4 bytes per parameter under torch_autocast). Recorded by `adapter`, put back on exit."""
-    import importlib
-
-    stage3 = importlib.import_module(_STAGE3_MODULE).DeepSpeedZeroOptimizer_Stage3
+    stage3 = stage3_optimizer_class()
     create = stage3._create_fp32_partitions
 
     def create_fp32_partitions(self, *args, **kwargs):

@@ -104,13 +104,12 @@ class _Ledger:
         return (owner in self.offloaded
                 or (t.device.type == "cpu" and self.accelerator not in (None, "cpu")))
 
-    def add(self, owner: str, tensors) -> None:
-        named = owner
+    def add(self, name: str, tensors) -> None:
         for t in tensors:
             storage = t.untyped_storage()
             if t.device.type == "meta" or storage.nbytes() == 0:
                 continue
-            owner = named + HOST if self._on_host(named, t) else named
+            owner = name + HOST if self._on_host(name, t) else name
             key = (t.device, storage.data_ptr())
             first = self.owner_of.get(key)
             if first is None:

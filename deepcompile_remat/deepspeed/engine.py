@@ -49,6 +49,7 @@ back.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import sys
@@ -224,13 +225,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if source == "args.deepspeed_config":
         kwargs["args"] = copy.copy(args)
         kwargs["args"].deepspeed_config = None
+    building = contextlib.nullcontext()
     if settings.takes_over:
         from deepcompile_remat.deepspeed._ds_internals import fp32_partitions_created_as_aliases
 
-        build = DeepSpeedAdapter("the engine build")
-        with fp32_partitions_created_as_aliases(build):
-            result = stock(**kwargs)
-    else:
+        building = fp32_partitions_created_as_aliases(DeepSpeedAdapter("the engine build"))
+    with building:
         result = stock(**kwargs)
     _attach(result[0], settings)
     return result

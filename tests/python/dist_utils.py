@@ -9,6 +9,7 @@ one); a case whose environment differs from the pool's (monkeypatch.setenv) or t
 (fresh=True) gets processes of its own (the harness's rank spawner, a free local port).
 """
 import atexit
+import contextlib
 import copy
 import faulthandler
 import multiprocessing.connection
@@ -155,10 +156,8 @@ class _RankPool:
 
     def close(self) -> None:
         for conn in self.conns:
-            try:
+            with contextlib.suppress(OSError):  # the process is gone already (BrokenPipeError)
                 conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
         for proc in self.procs:
             proc.join(timeout=10)
             if proc.is_alive():

@@ -393,11 +393,10 @@ def _build_and_step_peaks(rank, world):
 
     assert memory.exact_cpu_counter()  # before anything is allocated: a new process
     rank_env(rank, world)
-    seq_batch = dict(micro_batch=4, clipping=0.4)
     peaks = {}
     for on in (False, True):
         with memory.profiled(activities=[ProfilerActivity.CPU], profile_memory=True) as build:
-            engine = _engine(ds_config("autocast", on, "eager", **seq_batch))
+            engine = _engine(ds_config("autocast", on, "eager", micro_batch=4, clipping=0.4))
         _train(engine, rank, range(2))  # the optimizer's state exists after the first step
         with memory.profiled(activities=[ProfilerActivity.CPU], profile_memory=True) as step:
             _train(engine, rank, range(2, 3))
