@@ -20,6 +20,7 @@ from typing import Any, Literal, Mapping, Optional, Union
 Policy = Literal["conservative", "aggressive"]
 AsyncGathers = Literal["auto", "on", "off"]
 BackendKind = Literal["eager", "inductor"]
+CompileScope = Literal["auto", "layers", "model"]
 Auto = Literal["auto"]  # a setting the planning layer chooses from the graph
 DEFAULT_BACKEND: BackendKind = "inductor"
 BACKEND_KINDS: tuple[str, ...] = typing.get_args(BackendKind)  # what backend(kind) takes
@@ -119,6 +120,17 @@ class RematConfig:
     compiles with; a caller asking for the other kind is refused.
 
     Refused: backend(kind) raises; engine.compile(backend=...) warns and is not honoured."""
+    compile_scope: CompileScope = "auto"
+    """What the DeepSpeed takeover compiles: "layers": each of the model's repeated layers on
+    its own (one compiled graph serves every layer of a class), the model around them eager
+    and one unit, gathered in one collective and reduce-scattered in one (FSDP2's root);
+    "model": the whole forward, one graph. "auto": "layers" where the model has an
+    nn.ModuleList of two or more layers of one class, else "model"; the takeover's INFO line
+    says which.
+
+    zero3/layers.py (zero3.compile_by_layer, for torch.compile users) says why per-layer is
+    the default: first-step compile time that does not grow with depth, and HF
+    checkpointing's causal SDPA kept."""
 
     def __post_init__(self) -> None:
         hints = _type_hints()

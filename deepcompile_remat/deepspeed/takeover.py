@@ -15,8 +15,10 @@ DeepSpeed keeps: bf16 under "bf16", fp32 under "torch_autocast"). The takeover
   3. turns each module attribute into a property returning ``gather(leaf)`` (zero3.shard's
      traced allgather_cast, [:numel].view(shape)); ``module._parameters`` keeps DeepSpeed's
      parameters, so named_parameters(), state_dict() and checkpoints are DeepSpeed's own;
-  4. compiles the module's forward with our backend: the partitioner sees the gathers and
-     re-gathers in the backward instead of saving full weights.
+  4. compiles with our backend, as the block's compile_scope says: by default each repeated
+     layer on its own, the rest of the model one eager unit (zero3.compile_by_layer), else
+     the module's whole forward; the partitioner sees the gathers and re-gathers in the
+     backward instead of saving full weights.
 
 Gradients: allgather_cast's backward reduce-scatters the full gradient (mean over ranks, as
 DeepSpeed's averaging), so each shard leaf receives exactly this rank's averaged partition. A
@@ -59,19 +61,22 @@ from deepcompile_remat.deepspeed.adapter import (DeepSpeedAdapter, check_deepspe
 from deepcompile_remat.deepspeed.config import DeepSpeedSettings
 from deepcompile_remat.deepspeed.optimizer_step import hold_gradients_only_in_the_step
 from deepcompile_remat.zero3 import custom_ops
-from deepcompile_remat.zero3.shard import (ShardSpec, attach_specs, check_secondary_group, gather,
+from deepcompile_remat.zero3.layers import compile_by_layer, repeated_layers
+from deepcompile_remat.zero3.shard import (SHARDS_ATTR, ShardSpec, attach_specs,
+                                          check_secondary_group, gather, held_copy, shard_of,
                                           sharded_class, specs_of)
 
 log = logging.getLogger(__name__)
-# The shard leaves each module gathers from (name -> leaf); _parameters keeps DeepSpeed's own.
-_LEAVES_ATTR = "_dcr_ds_leaves"
 
 
 def _gathered(module: nn.Module, name: str) -> torch.Tensor:
     """The full parameter `name` of a taken-over module: its shard leaf, gathered (cast on the
     way where the leaf is the fp32 master of a 16-bit parameter)."""
+    held = held_copy(module, name)  # gathered with the rest of an eager unit
+    if held is not None:
+        return held
     spec = specs_of(module)[name]
-    return gather(getattr(module, _LEAVES_ATTR)[name], spec, spec.compute_dtype)
+    return gather(shard_of(module, name), spec, spec.compute_dtype)
 
 
 @dataclass(repr=False)
@@ -93,6 +98,7 @@ class Takeover:
     settings: DeepSpeedSettings
     adapter: DeepSpeedAdapter
     kind: str = ""  # the backend kind the module's forward is compiled with now
+    scope: str = ""  # what is compiled: "layers" (each repeated layer) or "model" (compile_scope)
     leaves: list = field(default_factory=list)  # (DeepSpeed parameter, shard leaf)
     written: set = field(default_factory=set)  # ds_ids whose slot this micro-batch has written
     handles: list = field(default_factory=list)
@@ -127,11 +133,17 @@ class Takeover:
     def summary(self) -> str:
         """The line rank 0 logs at takeover."""
         buckets = self.released_bytes - self.released_fp32_bytes
+        scope = ("each repeated layer compiled on its own, the rest one eager unit"
+                 if self.scope == "layers" else "the whole forward compiled")
+        # The build allocates neither (DeepSpeedSettings.deepspeed_config,
+        # _ds_internals.fp32_partitions_created_as_aliases): a release is news.
+        released = (f"; released {self.released_bytes / 2**20:.1f} MiB: "
+                    f"{buckets / 2**20:.1f} of DeepSpeed's unused gradient reduce buckets, "
+                    f"{self.released_fp32_bytes / 2**20:.1f} of fp32 partitions copied from "
+                    f"the fp32 parameter partitions (now aliases)"
+                    if self.released_bytes else "")
         return (f"deepcompile_remat: took over {len(self.leaves)} DeepSpeed ZeRO-3 parameters "
-                f"(backend {self.kind}); released {self.released_bytes / 2**20:.1f} MiB: "
-                f"{buckets / 2**20:.1f} of DeepSpeed's unused gradient reduce buckets, "
-                f"{self.released_fp32_bytes / 2**20:.1f} of fp32 partitions copied from the "
-                f"fp32 parameter partitions (now aliases)"
+                f"(backend {self.kind}; {scope}){released}"
                 + (f"; gathers from the fp32 master weights, DeepSpeed's 16-bit parameter "
                    f"partitions ({self.sixteen_bit.nbytes / 2**20:.1f} MiB) dropped"
                    if self.sixteen_bit is not None else ""))
@@ -386,7 +398,7 @@ def _attach_leaves(takeover: Takeover, module, masters: dict) -> None:
             if id(p) not in leaves:
                 leaves[id(p)] = _leaf(takeover, p, master, spec)
             mod_leaves[n], specs[n] = leaves[id(p)], spec
-        object.__setattr__(mod, _LEAVES_ATTR, mod_leaves)
+        object.__setattr__(mod, SHARDS_ATTR, mod_leaves)  # _parameters keep DeepSpeed's
         attach_specs(mod, specs)
         mod.__class__ = sharded_class(type(mod), names, _gathered)
 
@@ -415,15 +427,27 @@ def _before_each_forward(takeover: Takeover):
 
 
 def _compile(engine, takeover: Takeover) -> None:
-    """The module's forward compiled with our backend (only the forward: the pre-hook stays
-    eager); engine.compile answers what Trainer/Accelerate ask of it (_engine_compile)."""
+    """The module compiled with our backend, as compile_scope says: each repeated layer on its
+    own and the rest one eager unit (zero3/layers.py), or the whole forward (only the forward:
+    the pre-hook stays eager); engine.compile answers what Trainer/Accelerate ask of it
+    (_engine_compile)."""
     from deepcompile_remat.backends import backend
 
     module, remat = engine.module, takeover.remat
     forward = module.forward
+    layers = repeated_layers(module) if remat.compile_scope != "model" else []
+    if remat.compile_scope == "layers" and not layers:
+        raise ValueError(
+            f"deepcompile_remat: {takeover.settings.where}.compile_scope is \"layers\", but "
+            f"{type(module).__name__} has no nn.ModuleList of two or more layers of one class; "
+            "set \"model\" (or \"auto\") to compile it whole")
+    takeover.scope = "layers" if layers else "model"
 
     def compile_forward(kind: str) -> None:
-        module.forward = torch.compile(forward, backend=backend(kind, remat))
+        if layers:  # the eager unit once; a recompile (engine.compile) changes the backend only
+            compile_by_layer(module, backend(kind, remat), unit=not takeover.kind)
+        else:
+            module.forward = torch.compile(forward, backend=backend(kind, remat))
         takeover.kind = kind
 
     compile_forward(remat.backend_kind)

@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from deepcompile_remat.fx_values import OPS
 from deepcompile_remat.zero3 import custom_ops
-from deepcompile_remat.zero3.shard import HELD_ATTR, specs_of
+from deepcompile_remat.zero3.shard import HELD_ATTR, shard_of, specs_of
 
 
 class _GatherUnit(torch.autograd.Function):
@@ -90,7 +90,7 @@ def eager_unit(module: nn.Module, exclude: Iterable[nn.Module] = ()) -> nn.Modul
             return None
         shards, index = [], {}  # tied parameters: one shard, gathered once
         for m, name in owners:
-            shard = m._parameters[name]
+            shard = shard_of(m, name)
             if id(shard) not in index:
                 index[id(shard)] = len(shards)
                 shards.append((shard, specs_of(m)[name]))
@@ -98,7 +98,7 @@ def eager_unit(module: nn.Module, exclude: Iterable[nn.Module] = ()) -> nn.Modul
         fulls = _GatherUnit.apply(world_size, group_name, dtypes, *(s for s, _ in shards))
         for m, name in owners:
             spec = specs_of(m)[name]
-            full = fulls[index[id(m._parameters[name])]]
+            full = fulls[index[id(shard_of(m, name))]]
             held = m.__dict__.setdefault(HELD_ATTR, {})
             held[name] = full[: spec.numel].view(spec.shape)
         return None

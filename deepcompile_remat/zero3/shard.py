@@ -123,12 +123,31 @@ def gather(shard: torch.Tensor, spec: ShardSpec, dtype: Optional[torch.dtype] = 
 # On a module while the forward of its eager unit (zero3/eager_unit.py) runs: name -> the full
 # parameter the unit gathered with the others, read instead of a gather of its own.
 HELD_ATTR = "_dcr_held"
+# On a module whose _parameters keep another owner's tensors (the DeepSpeed takeover keeps
+# DeepSpeed's): name -> the shard leaf its gathers read. zero3.shard's own shards are the
+# _parameters themselves.
+SHARDS_ATTR = "_dcr_shards"
+
+
+def shard_of(module: nn.Module, name: str) -> torch.Tensor:
+    """The shard parameter `name` of `module` is gathered from (SHARDS_ATTR, else _parameters)."""
+    shards = module.__dict__.get(SHARDS_ATTR)
+    return (shards if shards is not None else module._parameters)[name]
+
+
+def held_copy(module: nn.Module, name: str) -> Optional[torch.Tensor]:
+    """The full parameter `name` gathered by `module`'s eager unit while its forward runs
+    (eager code only: compiled code gathers its own); None where there is none."""
+    held = module.__dict__.get(HELD_ATTR)
+    if held is None or name not in held or torch.compiler.is_compiling():
+        return None
+    return held[name]
 
 
 def _read_parameter(module: nn.Module, name: str) -> torch.Tensor:
-    held = module.__dict__.get(HELD_ATTR)
-    if held is not None and name in held and not torch.compiler.is_compiling():
-        return guard(held[name], (module, name))
+    held = held_copy(module, name)
+    if held is not None:
+        return guard(held, (module, name))
     full = _gathered(module, name, compute=True)
     if torch.compiler.is_compiling():
         return full

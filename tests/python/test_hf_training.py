@@ -30,14 +30,21 @@ from dist_utils import run_ranks  # noqa: E402
 from graph_checks import capture_partitions, parameter_copies_saved  # noqa: E402
 
 VOCAB, SEQ = 128, 16
-# (preset, backend, precision, HF activation checkpointing): all pairs of the last three.
-OWN_RUNTIME_CASES = [("llama", "eager", "bf16", True), ("qwen2", "eager", "autocast", False),
-                     ("gpt2", "inductor", "bf16", False), ("llama", "inductor", "autocast", True),
+# (preset, backend, precision, HF activation checkpointing, what is compiled): all pairs of the
+# middle three; "layers": each layer on its own, the rest one eager unit (zero3.compile_by_layer,
+# the takeover's default for these models), "model": the whole model.
+OWN_RUNTIME_CASES = [("llama", "eager", "bf16", True, "model"),
+                     ("qwen2", "eager", "autocast", False, "layers"),
+                     ("gpt2", "inductor", "bf16", False, "model"),
+                     ("llama", "inductor", "autocast", True, "model"),
                      # every preset with checkpointing on 2 ranks (eager: the cheap backend)
-                     ("qwen2", "eager", "bf16", True), ("gpt2", "eager", "autocast", True)]
-TAKEOVER_CASES = [("gpt2", "eager", "bf16", True), ("llama", "eager", "autocast", False),
-                  ("qwen2", "inductor", "bf16", False), ("gpt2", "inductor", "autocast", True),
-                  ("qwen2", "eager", "autocast", True)]
+                     ("qwen2", "eager", "bf16", True, "model"),
+                     ("gpt2", "eager", "autocast", True, "layers")]  # tied lm_head in the unit
+TAKEOVER_CASES = [("gpt2", "eager", "bf16", True, "layers"),
+                  ("llama", "eager", "autocast", False, "layers"),
+                  ("qwen2", "inductor", "bf16", False, "layers"),
+                  ("gpt2", "inductor", "autocast", True, "model"),
+                  ("qwen2", "eager", "autocast", True, "layers")]
 
 
 def _model(preset, checkpointing, dtype=torch.float32):
@@ -67,7 +74,7 @@ def _check_graphs(graphs, world):
 
 # --- own runtime (zero3.shard) against one unsharded process -------------------------------------
 
-def _own_runtime(rank, world, preset, kind, precision, checkpointing):
+def _own_runtime(rank, world, preset, kind, precision, checkpointing, scope):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     torch.manual_seed(0)
     model = _model(preset, checkpointing, dtype)
@@ -89,10 +96,16 @@ def _own_runtime(rank, world, preset, kind, precision, checkpointing):
         return losses
 
     zero3.shard(model)
-    compiled = torch.compile(model, backend=dcr.backend(kind))
+    if scope == "layers":
+        zero3.compile_by_layer(model, dcr.backend(kind))
+        compiled = model
+    else:
+        compiled = torch.compile(model, backend=dcr.backend(kind))
     with capture_partitions() as graphs:
         losses = train(model, compiled, [b[rank * per_rank:(rank + 1) * per_rank]
                                          for b in batches])
+    if scope == "layers":  # identical layers share one compiled graph
+        assert len(graphs) == 1, f"{len(graphs)} graphs compiled for 2 identical layers"
     ref_losses = train(reference, reference, batches)
     # Measured: losses within 1.5e-4, weights within 6e-4 (bf16 parameters), 1.6e-4 (autocast)
     # after steps that move them by 0.03-0.09.
@@ -111,12 +124,12 @@ def _own_runtime(rank, world, preset, kind, precision, checkpointing):
     _check_graphs(graphs, world)
 
 
-@pytest.mark.parametrize("preset,kind,precision,checkpointing", OWN_RUNTIME_CASES)
-def test_own_runtime_matches_one_process(preset, kind, precision, checkpointing):
+@pytest.mark.parametrize("preset,kind,precision,checkpointing,scope", OWN_RUNTIME_CASES)
+def test_own_runtime_matches_one_process(preset, kind, precision, checkpointing, scope):
     """Silent bugs guarded: HF modules whose parameters the sharding misses or ties wrongly
     (gpt2's lm_head is wte), a gathered weight kept for the backward, a checkpoint region that
-    drops a gradient."""
-    run_ranks(_own_runtime, 2, preset, kind, precision, checkpointing)
+    drops a gradient, an eager unit's gradient lost or a tied one counted once."""
+    run_ranks(_own_runtime, 2, preset, kind, precision, checkpointing, scope)
 
 
 # --- the DeepSpeed takeover against stock DeepSpeed ZeRO-3 ---------------------------------------
@@ -141,7 +154,8 @@ def _engine(config, preset, checkpointing, zero_init=False):
     return engine
 
 
-def _takeover(rank, world, preset, kind, precision, checkpointing, zero_init=False):
+def _takeover(rank, world, preset, kind, precision, checkpointing, scope="layers",
+              zero_init=False):
     from ds_utils import (assert_deepspeed_never_gathered, assert_weights_match_and_moved,
                           ds_config, full_fp32_params, rank_env)
 
@@ -149,8 +163,13 @@ def _takeover(rank, world, preset, kind, precision, checkpointing, zero_init=Fal
     results = {}
     for on in (False, True):
         dcr.clear_reports()
-        engine = _engine(ds_config(precision, on, kind), preset, checkpointing, zero_init)
+        config = ds_config(precision, on, kind)
+        if on and scope != "layers":
+            config["deepcompile_remat"]["compile_scope"] = scope
+        engine = _engine(config, preset, checkpointing, zero_init)
         assert (getattr(engine, "dcr_takeover", None) is not None) == on
+        if on:  # "auto" picks the layers for a transformers model
+            assert engine.dcr_takeover.scope == scope
         initial = full_fp32_params(engine)
         losses = []
         with capture_partitions() as graphs:
@@ -172,12 +191,12 @@ def _takeover(rank, world, preset, kind, precision, checkpointing, zero_init=Fal
     assert_weights_match_and_moved(full, ref, initial, atol=2e-3, min_move=0.01)
 
 
-@pytest.mark.parametrize("preset,kind,precision,checkpointing", TAKEOVER_CASES)
-def test_takeover_matches_stock_deepspeed(preset, kind, precision, checkpointing):
+@pytest.mark.parametrize("preset,kind,precision,checkpointing,scope", TAKEOVER_CASES)
+def test_takeover_matches_stock_deepspeed(preset, kind, precision, checkpointing, scope):
     """Silent bugs guarded: gradients of HF modules that never reach DeepSpeed's partitions,
     DeepSpeed gathering behind our back, tied weights updated twice or once too few."""
     pytest.importorskip("deepspeed")
-    run_ranks(_takeover, 2, preset, kind, precision, checkpointing)
+    run_ranks(_takeover, 2, preset, kind, precision, checkpointing, scope)
 
 
 def test_takeover_of_a_model_built_under_zero_init():
@@ -185,4 +204,4 @@ def test_takeover_of_a_model_built_under_zero_init():
     parameters are partitioned before initialize ever sees them. Silent bug guarded: such
     parameters not taken over (left to DeepSpeed's hooks) or gathered from a stale slice."""
     pytest.importorskip("deepspeed")
-    run_ranks(_takeover, 2, "llama", "eager", "bf16", True, True)
+    run_ranks(_takeover, 2, "llama", "eager", "bf16", True, "layers", True)

@@ -291,7 +291,7 @@ def test_the_example_runs_with_the_shipped_trainer_configs(tmp_path, config, fla
     assert done.returncode == 0, output[-6000:]
 
     took_over = re.findall(r"deepcompile_remat: took over (\d+) DeepSpeed ZeRO-3 parameters "
-                           r"\(backend inductor\); released [\d.]+ MiB", output)
+                           r"\(backend inductor; each repeated layer compiled on its own", output)
     assert len(took_over) == 1, output[-6000:]  # rank 0 only
     reprs = re.findall(r"rank \d: Takeover\(backend='eager', parameters=(\d+), "
                        r"released_bytes=(\d+), gathers_from_master=(?:True|False)\)", output)
