@@ -168,6 +168,19 @@ def offloads_gradients(optimizer) -> bool:
     return bool(optimizer.offload_optimizer) and not getattr(optimizer, "swap_optimizer", False)
 
 
+def offloads_parameters(optimizer) -> bool:
+    """Whether DeepSpeed keeps the 16-bit parameter partitions on the host (offload_param
+    "cpu"): each ds_tensor is a slice of fp16_partitioned_groups_flat there."""
+    return bool(optimizer.offload_param)
+
+
+def accelerator_device() -> torch.device:
+    """DeepSpeed's accelerator device for this rank (where gathers run)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return torch.device(get_accelerator().current_device_name())
+
+
 def at_accumulation_boundary(optimizer) -> bool:
     """Whether this backward ends a gradient accumulation window (the engine sets it before
     engine.backward: "managed" accumulation); in the engine's "unmanaged" mode it turns true

@@ -19,15 +19,16 @@ counted once, under the first owner that reaches it in this order:
 
 Bytes on the host are kept apart from the accelerator's: their owner is suffixed " [host]"
 ("optimizer states [host]"), and HeldBytes.on_accelerator / on_host sum each side. A tensor
-is on the host when it is on the CPU while the parameter partitions are on an accelerator, or
-when DeepSpeed placed it there for optimizer offload (the fp32 partitions, their gradients and
-the optimizer states under offload_optimizer "cpu"): on a CPU accelerator that memory is the
-same, and the split still says what a GPU run would hold where.
+is on the host when it is on the CPU while DeepSpeed's accelerator is not, or when DeepSpeed
+placed it there for offload (the fp32 partitions, their gradients and the optimizer states
+under offload_optimizer "cpu"; the 16-bit parameter partitions under offload_param "cpu"): on
+a CPU accelerator that memory is the same, and the split still says what a GPU run would hold
+where.
 
 An alias is reported once under its first owner and listed in ``aliases`` (owner -> the owner
 it shares storage with), so a reader sees what was not copied. Bytes are storage bytes: a
-view counts its whole storage once. No DeepSpeed import; reads the attributes DeepSpeed 0.19.8
-sets (adapter.py lists the private ones). Meta tensors (what the takeover leaves where it
+view counts its whole storage once. Imports only DeepSpeed's accelerator (its device name);
+reads the attributes DeepSpeed 0.19.8 sets (adapter.py lists the private ones). Meta tensors (what the takeover leaves where it
 freed a buffer) hold no bytes and are skipped."""
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ _MAX_DEPTH = 4  # how far into lists, tuples and dicts under an attribute the sw
 HOST = " [host]"  # the suffix of an owner's bytes held on the host
 # What DeepSpeed's ZeRO-3 puts on the host under offload_optimizer (stage3: self.device "cpu")
 _OFFLOADED_WITH_THE_OPTIMIZER = ("fp32 partitions", "fp32 gradients", "optimizer states")
+# ... and under offload_param (the 16-bit partitions: fp16_partitioned_groups_flat on the host)
+_OFFLOADED_WITH_THE_PARAMETERS = ("parameter partitions", "optimizer.fp16_partitioned_groups_flat")
 
 
 @dataclass
@@ -120,8 +123,15 @@ class _Ledger:
 
 
 def _accelerator_of(params, masters) -> "str | None":
-    """The accelerator's device type: the parameter partitions' (a dropped one is on meta),
-    else the master weights'."""
+    """The accelerator's device type: DeepSpeed's accelerator's (under offload_param and
+    offload_optimizer no partition of ours is on it), else the parameter partitions' (a
+    dropped one is on meta), else the master weights'."""
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        return torch.device(get_accelerator().device_name()).type
+    except ImportError:
+        pass
     for t in [getattr(p, "ds_tensor", None) for p in params] + masters:
         if t is not None and t.device.type != "meta":
             return t.device.type
@@ -140,8 +150,9 @@ def held_bytes(engine, *, device: str | torch.device | None = None) -> HeldBytes
     accelerator = _accelerator_of(params, masters)
     counted = ({torch.device(device).type} if device is not None
                else {accelerator, "cpu"} - {None})
-    offloaded = _OFFLOADED_WITH_THE_OPTIMIZER if getattr(optimizer, "offload_optimizer",
-                                                         False) else ()
+    offloaded = (_OFFLOADED_WITH_THE_OPTIMIZER if getattr(optimizer, "offload_optimizer", False)
+                 else ()) + (_OFFLOADED_WITH_THE_PARAMETERS
+                             if getattr(optimizer, "offload_param", False) else ())
     ledger = _Ledger(accelerator, offloaded)
     keep = (lambda ts: [t for t in ts if not counted or t.device.type in counted])
 

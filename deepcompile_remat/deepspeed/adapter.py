@@ -91,7 +91,7 @@ REQUIRED_INSTANCE_ATTRIBUTES: dict = {
         "fp16_groups", "fp16_partitioned_groups_flat", "fp32_partitioned_groups_flat",
         "averaged_gradients", "grad_partitions_flat_buffer", GRAD_PARTITION_MAP, "micro_step_id",
         "sub_group_to_group_id", "clip_grad", "persistent_parameters", "offload_optimizer",
-        "dtype", "torch_autocast_gradscaler", "zenflow", "use_muon", "grad_position",
+        "offload_param", "dtype", "torch_autocast_gradscaler", "zenflow", "use_muon", "grad_position",
         "_offload_boundary_param_ids"),
     "parameter": ("ds_tensor", "ds_id", "ds_numel", "ds_shape", "ds_process_group", "ds_status",
                   "ds_persist", "partition", "partition_numel",

@@ -115,6 +115,8 @@ class Takeover:
     per_parameter_gradients: bool = False
     # offload_optimizer "cpu": each gradient partition leaves for the host at the boundary
     offloads: bool = False
+    # offload_param "cpu": the leaves (DeepSpeed's 16-bit partitions) live on the host
+    offloads_parameters: bool = False
     # Parameters whose DeepSpeed secondary partitions (hpZ: zero_hpz_partition_size) are dropped
     hpz_params: list = field(default_factory=list)
     # Whether end() ran (engine.destroy() or uninstall()): the engine cannot train any more
@@ -202,7 +204,7 @@ def check_supported(engine, settings: DeepSpeedSettings) -> None:
                          + "; ".join(problems))
 
 
-def _spec(p, compute_dtype=None) -> ShardSpec:
+def _spec(p, compute_dtype=None, device=None) -> ShardSpec:
     group = p.ds_process_group if p.ds_process_group is not None else dist.group.WORLD
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     shard_numel = p.ds_tensor.numel()
@@ -212,7 +214,7 @@ def _spec(p, compute_dtype=None) -> ShardSpec:
             f"has a partition of shape {tuple(p.ds_tensor.shape)} on {world} ranks: not the 1-D "
             f"padded partition the takeover expects")
     return ShardSpec(tuple(p.ds_shape), p.ds_numel, shard_numel, world, rank, group.group_name,
-                     compute_dtype)
+                     compute_dtype, device)
 
 
 def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
@@ -386,6 +388,8 @@ def _attach_leaves(takeover: Takeover, module, masters: dict) -> None:
     properties gathering them (zero3.shard.sharded_class), each leaf's gradient handed to
     DeepSpeed's slot by a post-accumulate-grad hook."""
     leaves: dict = {}
+    # offload_param: the leaves stay on the host, each gather copies its shard over first
+    device = ds.accelerator_device() if takeover.offloads_parameters else None
     for mod in module.modules():
         names = tuple(n for n, p in mod._parameters.items() if p is not None)
         if not names:
@@ -394,7 +398,7 @@ def _attach_leaves(takeover: Takeover, module, masters: dict) -> None:
         for n in names:
             p = mod._parameters[n]
             master = masters.get(p.ds_id)
-            spec = _spec(p, p.ds_tensor.dtype if master is not None else None)
+            spec = _spec(p, p.ds_tensor.dtype if master is not None else None, device)
             if id(p) not in leaves:
                 leaves[id(p)] = _leaf(takeover, p, master, spec)
             mod_leaves[n], specs[n] = leaves[id(p)], spec
@@ -479,6 +483,7 @@ def _take_over_started(engine, takeover: Takeover) -> None:
     takeover.per_parameter_gradients = hold_gradients_only_in_the_step(
         optimizer, takeover.sixteen_bit, adapter)
     takeover.offloads = ds.offloads_gradients(optimizer)
+    takeover.offloads_parameters = ds.offloads_parameters(optimizer)
     takeover.hpz_params = _regather_within_hpz_groups(module, takeover.settings)
     _attach_leaves(takeover, module, masters)
     module.register_forward_pre_hook(_before_each_forward(takeover))

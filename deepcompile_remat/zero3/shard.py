@@ -70,6 +70,9 @@ class ShardSpec:
     rank: int
     group_name: str
     compute_dtype: Optional[torch.dtype] = None  # gathered in this dtype (shard(param_dtype=))
+    # Where the gather runs when the shard lives elsewhere (on the host: DeepSpeed's
+    # offload_param under the takeover); None: on the shard's own device.
+    device: Optional[torch.device] = None
 
 
 log = logging.getLogger(__name__)
@@ -116,6 +119,10 @@ def gather(shard: torch.Tensor, spec: ShardSpec, dtype: Optional[torch.dtype] = 
     """The full parameter from this rank's shard, as a traced gather (shared by every owner of
     shards: zero3.shard and the DeepSpeed takeover); dtype: cast on the way (None: the
     shard's)."""
+    if spec.device is not None and shard.device != spec.device:
+        # A host-resident shard: copied to the accelerator (its 16-bit partition under
+        # DeepSpeed's "bf16"), gathered there; autograd brings its gradient back to the host.
+        shard = shard.to(spec.device, non_blocking=True)
     full = OPS.allgather_cast(shard, spec.world_size, spec.group_name, dtype)
     return full[: spec.numel].view(spec.shape)
 

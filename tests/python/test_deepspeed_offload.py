@@ -1,5 +1,6 @@
 """The takeover under DeepSpeed's optimizer offload ("offload_optimizer": {"device": "cpu"}),
-against stock DeepSpeed with the same offload, on 2 CPU ranks (gloo).
+alone and with parameter offload ("offload_param": {"device": "cpu"}), against stock DeepSpeed
+with the same offload, on 2 CPU ranks (gloo).
 
 DeepSpeed's fp32 master, its gradients and the optimizer states live on the host and DeepSpeed
 steps them there; the takeover's backward sends each gradient partition to the host at the
@@ -22,16 +23,19 @@ from dcr_bench.harness.models import GPT  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
 from ds_utils import (assert_weights_match_and_moved, ds_config, full_fp32_params,  # noqa: E402
                       rank_env)
+from deepcompile_remat.zero3.shard import specs_of  # noqa: E402
 
 STEPS, MICRO_BATCH, SEQ = 3, 2, 16
 # Gradient norms here run 0.30 -> 0.38: the last step is clipped, the first is not.
 CLIP = 0.33
 
 
-def _config(precision, on, gas):
+def _config(precision, on, gas, params=False):
     cfg = ds_config(precision, on, micro_batch=MICRO_BATCH, clipping=CLIP,
                     gradient_accumulation_steps=gas, zero_force_ds_cpu_optimizer=False)
     cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if params:
+        cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": False}
     return cfg
 
 
@@ -73,20 +77,26 @@ def _train(engine, rank, micro_steps, norms=None, boundary_check=None):
     return torch.stack(losses)
 
 
-def _offload_matches_stock(rank, world, precision, gas, path):
+def _offload_matches_stock(rank, world, precision, gas, params, path):
     from deepcompile_remat.deepspeed.accounting import HOST, held_bytes
 
     rank_env(rank, world)
     micro_steps = range(STEPS * gas)
-    stock = _engine(_config(precision, False, gas))
+    stock = _engine(_config(precision, False, gas, params))
     assert getattr(stock, "dcr_takeover", None) is None and stock.optimizer.offload_optimizer
+    assert stock.optimizer.offload_param == params
     ref_norms, norms = [], []
     ref_losses = _train(stock, rank, micro_steps, ref_norms)
     ref = full_fp32_params(stock)
 
-    ours = _engine(_config(precision, True, gas))
+    ours = _engine(_config(precision, True, gas, params))
     takeover = ours.dcr_takeover
     assert takeover.offloads and takeover.per_parameter_gradients
+    assert takeover.offloads_parameters == params
+    # offload_param: each gather copies its host shard to the accelerator first (a no-op on a
+    # CPU accelerator; the spec says where the gather runs)
+    devices = {spec.device for m in ours.module.modules() for spec in specs_of(m).values()}
+    assert devices == ({torch.device("cpu")} if params else {None}), devices
     # The master is on the host: the forward gathers DeepSpeed's own partitions on the
     # accelerator (16-bit under "bf16", which DeepSpeed rewrites from the master each step).
     assert takeover.sixteen_bit is None
@@ -107,6 +117,10 @@ def _offload_matches_stock(rank, world, precision, gas, path):
         assert held.by_owner.get("fp32 partitions" + HOST, 0) > 0, held.table()
         assert held.by_owner.get("optimizer states" + HOST, 0) > 0, held.table()
     assert "gradient partitions" in theirs.by_owner and "gradient partitions" not in mine.by_owner
+    for held in (mine, theirs):  # offload_param: the 16-bit partitions on the host, both
+        on_host = held.by_owner.get("parameter partitions" + HOST, 0) > 0
+        assert on_host == params and ("parameter partitions" in held.by_owner) != params, \
+            held.table()
     assert mine.on_accelerator < theirs.on_accelerator, (mine.table(), theirs.table())
 
     # Checkpoints cross both ways (DeepSpeed's own format, host optimizer states included).
@@ -117,18 +131,20 @@ def _offload_matches_stock(rank, world, precision, gas, path):
                                atol=1e-3)
     stock.save_checkpoint(path, tag="stock")
     after_stock = _train(stock, rank, range(200, 200 + gas))
-    back = _engine(_config(precision, True, gas), seed=3)
+    back = _engine(_config(precision, True, gas, params), seed=3)
     back.load_checkpoint(path, tag="stock")
     torch.testing.assert_close(_train(back, rank, range(200, 200 + gas)), after_stock, rtol=0,
                                atol=1e-3)
 
 
-@pytest.mark.parametrize("precision,gas", [("bf16", 2), ("autocast", 1)])
-def test_offload_optimizer_trains_like_stock_offload(tmp_path, precision, gas):
-    """offload_optimizer "cpu" under the takeover (before: refused). Silent bugs guarded: a
+@pytest.mark.parametrize("precision,gas,params", [("bf16", 2, False), ("autocast", 1, False),
+                                                  ("bf16", 1, True), ("autocast", 2, True)])
+def test_offload_trains_like_stock_offload(tmp_path, precision, gas, params):
+    """offload_optimizer "cpu", and with `params` offload_param "cpu" too, under the takeover
+    (before: refused). Silent bugs guarded: a
     gradient that never reaches the host's fp32 gradient (DeepSpeed steps on stale values) or
     reaches it twice, accumulation over micro-batches lost at the boundary, clipping reading
     norms of the wrong gradients, the 16-bit partitions not rewritten from the host master
     after a step (the forward would gather stale weights), a gradient staged whole on the
     accelerator, checkpoints that do not cross with stock offload."""
-    run_ranks(_offload_matches_stock, 2, precision, gas, str(tmp_path))
+    run_ranks(_offload_matches_stock, 2, precision, gas, params, str(tmp_path))
