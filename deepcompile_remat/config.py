@@ -125,8 +125,8 @@ class RematConfig:
     its own (one compiled graph serves every layer of a class), the model around them eager
     and one unit, gathered in one collective and reduce-scattered in one (FSDP2's root);
     "model": the whole forward, one graph. "auto": "layers" where the model has an
-    nn.ModuleList of two or more layers of one class, else "model"; the takeover's INFO line
-    says which.
+    nn.ModuleList of two or more blocks of one class (a transformer's layers), else "model";
+    the takeover's INFO line says which.
 
     zero3/layers.py (zero3.compile_by_layer, for torch.compile users) says why per-layer is
     the default: first-step compile time that does not grow with depth, and HF

@@ -443,7 +443,7 @@ def _compile(engine, takeover: Takeover) -> None:
     if remat.compile_scope == "layers" and not layers:
         raise ValueError(
             f"deepcompile_remat: {takeover.settings.where}.compile_scope is \"layers\", but "
-            f"{type(module).__name__} has no nn.ModuleList of two or more layers of one class; "
+            f"{type(module).__name__} has no nn.ModuleList of two or more blocks of one class; "
             "set \"model\" (or \"auto\") to compile it whole")
     takeover.scope = "layers" if layers else "model"
 

@@ -16,8 +16,9 @@ Why, against one compile of the whole model:
   per layer and direction), and the parameters outside the layers are one eager unit
   (zero3/eager_unit.py): one gather and one reduce-scatter a step, as FSDP2's root unit.
 
-The layers are the model's longest nn.ModuleList whose entries are all of one class (a
-transformer's blocks); a model without one (two or more) has none, and is compiled whole.
+The layers are the blocks of the model's stacks: each nn.ModuleList of two or more blocks
+(modules with submodules) of one class, outermost first (a decoder's layers; an
+encoder-decoder's encoder and decoder blocks); a model without one is compiled whole.
 """
 from __future__ import annotations
 
@@ -30,15 +31,25 @@ from deepcompile_remat.zero3.eager_unit import eager_unit
 from deepcompile_remat.zero3.shard import specs_of
 
 
+def _is_stack(m: nn.Module) -> bool:
+    """An nn.ModuleList of two or more blocks (modules with submodules) of one class."""
+    return (isinstance(m, nn.ModuleList) and len(m) >= 2 and len({type(b) for b in m}) == 1
+            and all(next(b.children(), None) is not None for b in m))
+
+
 def repeated_layers(model: nn.Module) -> list:
-    """The model's repeated layers: its longest nn.ModuleList of two or more modules all of one
-    class (the first such list, in module order, among equally long ones); [] if it has none."""
-    best: list = []
+    """The model's repeated layers: the blocks of every stack (an nn.ModuleList of two or more
+    blocks of one class: a decoder's layers, both stacks of an encoder-decoder), outermost
+    first; a stack inside a chosen block (an MoE layer's experts) stays part of it. [] if the
+    model has none."""
+    layers: list = []
+    inside: set = set()  # ids of the modules within the blocks chosen so far
     for m in model.modules():
-        if isinstance(m, nn.ModuleList) and len(m) >= 2 and len(m) > len(best) and \
-                len({type(layer) for layer in m}) == 1:
-            best = list(m)
-    return best
+        if id(m) in inside or not _is_stack(m):
+            continue
+        layers.extend(m)
+        inside.update(id(sub) for block in m for sub in block.modules())
+    return layers
 
 
 def _has_parameters_outside(model: nn.Module, layers: list) -> bool:
@@ -73,7 +84,7 @@ def compile_by_layer(model: nn.Module, backend: Callable, unit: bool = True) -> 
     layers = repeated_layers(model)
     if not layers:
         raise ValueError(f"deepcompile_remat.zero3.compile_by_layer: {type(model).__name__} has no "
-                         "nn.ModuleList of two or more layers of one class; compile it whole")
+                         "nn.ModuleList of two or more blocks of one class; compile it whole")
     for layer in layers:
         layer.compile(backend=backend)
     if unit:

@@ -205,3 +205,31 @@ def test_takeover_of_a_model_built_under_zero_init():
     parameters not taken over (left to DeepSpeed's hooks) or gathered from a stale slice."""
     pytest.importorskip("deepspeed")
     run_ranks(_takeover, 2, "llama", "eager", "bf16", True, "layers", True)
+
+
+def test_repeated_layers_are_every_stack_of_blocks():
+    """What compile_by_layer (and the takeover's default compile_scope) compiles one by one.
+    Silent bugs guarded: an encoder-decoder whose second stack is left eager inside the unit
+    (gathered for the whole forward), a list of plain Linears compiled one matmul at a time,
+    an MoE layer's experts split out of their layer."""
+    import torch.nn as nn
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from deepcompile_remat.zero3 import repeated_layers
+
+    llama = models.build_hf("llama", vocab=VOCAB, layers=3, hidden=64, dropout=0.0)
+    assert repeated_layers(llama) == list(llama.model.layers)
+    t5 = T5ForConditionalGeneration(T5Config(num_layers=2, num_decoder_layers=3, d_model=32,
+                                             d_ff=64, num_heads=2, d_kv=16, vocab_size=VOCAB))
+    assert repeated_layers(t5) == [*t5.encoder.block, *t5.decoder.block]
+
+    class Moe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = nn.ModuleList(nn.Sequential(nn.Linear(4, 4)) for _ in range(3))
+
+    moe = nn.Sequential(nn.Linear(4, 4), nn.ModuleList([Moe(), Moe()]))
+    assert repeated_layers(moe) == list(moe[1])
+    assert repeated_layers(nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])) == []
+    with pytest.raises(ValueError, match="no nn.ModuleList of two or more blocks"):
+        zero3.compile_by_layer(nn.Sequential(nn.Linear(4, 4)), dcr.backend("eager"))

@@ -26,7 +26,9 @@ AdamW step, gradients released).
                                     everywhere, fp32 shards and gradient reduce), the numerics
                                     of the fsdp2 rows rather than autocast's (autocast only)
     ours-deepspeed                  stock DeepSpeed ZeRO-3 engine with the "deepcompile_remat"
-                                    block (inductor): our takeover
+                                    block (inductor): our takeover, as a user gets it (each
+                                    layer compiled on its own, the rest one eager unit:
+                                    compile_scope "auto"; --ours-config sets other keys)
     fsdp2-block / -block-compiled   PyTorch FSDP2 fully_shard on every layer, then the root
                                     (torchtitan's wrapping), optionally each layer compiled
                                     (inductor) before sharding
