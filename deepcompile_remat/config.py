@@ -113,6 +113,19 @@ class RematConfig:
     reaches; a fraction no plan reaches takes the lowest-peak plan, with a warning (the
     report's plan.met is False), as memory_budget raises a fraction to the smallest cut. Not
     with memory_budget."""
+    offload_activations: bool = False
+    """Activation offload, a third choice beside save and recompute (partition/offload.py):
+    saved activations of 1 MiB or more are copied to the host in the forward and back just
+    before their first use in the backward, largest first while all the copies cost at most
+    the step's flops (so they can run under its compute); the report lists what moved, the
+    bytes each way and the simulated peak before and after. Off until measured on a GPU.
+
+    Priced with host_link_flops_per_byte; the memory simulator (and so peak_target) counts
+    accelerator bytes only."""
+    host_link_flops_per_byte: float = field(default=16000.0, metadata={"min": 0})
+    """What one byte over the host link costs in the flops the cut prices recomputation in:
+    the accelerator's flop rate over the link's one-way bandwidth (an H100's ~400 TFLOP/s of
+    bf16 matmuls over PCIe Gen5's ~25 GB/s: 16000). Read by offload_activations only."""
     backend: Optional[BackendKind] = None
     """The torch.compile backend kind: "inductor" or "eager" (the partitioned FX graphs run
     as they are). null: "inductor" unless the caller picks one (deepcompile_remat.backend(kind),

@@ -32,6 +32,9 @@ from deepcompile_remat.fx_values import is_alias, value_bytes
 # budget sweep, in its flops units (budget.recompute_cost_of), in place of the op's own count;
 # OP_CLASS: the node's _C.OpClass, in place of what partition/op_classes.py would say of its op
 # (a runtime's own op that is no alias of what it reads: a copy out of a gathered weight).
+# ON_HOST: the node's value lives in host memory (partition/offload.py's copies), which the
+# memory simulator does not count (memory_graph allocates it 0 bytes).
+ON_HOST = "partition_on_host"
 PIN_TO_FORWARD = "partition_pin_to_forward"
 RECOMPUTE_PRICE = "partition_recompute_price"
 OP_CLASS = "partition_op_class"
@@ -69,7 +72,7 @@ def memory_graph(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,
     step 0; inputs named in persistent_names (parameter shards: the module holds them) and
     constants are never freed; graph outputs are kept. graph: graph_arrays(gm), if the caller
     already built it (for its ids). no_buffer: nodes that allocate nothing (a compiler fuses
-    them into their consumers' kernels)."""
+    them into their consumers' kernels). A node marked ON_HOST holds no accelerator bytes."""
     persistent_names = set(persistent_names)
     no_buffer = set(no_buffer)
     graph = graph_arrays(gm) if graph is None else graph
@@ -85,7 +88,7 @@ def memory_graph(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,
         persistent[i] = node.op == "get_attr" or node.name in persistent_names
         if is_alias(node) and isinstance(node.args[0], fx.Node):
             alias_of[i] = ids[node.args[0]]
-        elif node not in no_buffer:
+        elif node not in no_buffer and not node.meta.get(ON_HOST):
             nbytes[i] = value_bytes(node.meta.get("val"))
     out = gm.graph.find_nodes(op="output")[0]
     for x in out.all_input_nodes:

@@ -198,7 +198,7 @@ def describe(graph: fx_export.ExportedJointGraph, config: RematConfig, extracted
              saved_ids: Sequence[int], node_info: np.ndarray, *, parameter_names: set[str],
              timings: dict, schedule: tuple = (), runtime_summary: str = "",
              budget_summary: Optional[report.BudgetSummary] = None,
-             plan: Any = None) -> report.PartitionReport:
+             plan: Any = None, offload: Any = None) -> report.PartitionReport:
     """The PartitionReport of one partition (timings: prepare_s, export_s, solve_s,
     extract_s; parameter_names: parameter_names_of(graph), which the caller has already);
     logs the saved values a checkpoint region asked to recompute."""
@@ -229,4 +229,4 @@ def describe(graph: fx_export.ExportedJointGraph, config: RematConfig, extracted
         forward_ops=_ops_of(fw_module), backward_ops=_ops_of(bw_module),
         collectives=_collectives_of("fw", fw_module) + _collectives_of("bw", bw_module),
         schedule=schedule, runtime_summary=runtime_summary, budget=budget_summary, plan=plan,
-        **timings)
+        offload=offload, **timings)

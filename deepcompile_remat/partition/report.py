@@ -56,6 +56,7 @@ class PartitionReport:
     runtime_summary: str = ""  # the runtime's own words for the summary line ('' : none)
     budget: BudgetSummary | None = None  # budget mode's decision; None: the ordinary cut
     plan: object | None = None  # peak-target mode's decision (planning's PlanSummary); None: off
+    offload: object | None = None  # activation offload's figures (offload.OffloadFigures); None: off
     # True: torch served this compile from its AOTAutograd cache, so nothing was partitioned in
     # this process; this is the report recorded when the cache entry was written (its timings
     # are that compile's). partition/report_cache.py keeps it beside the cache.
@@ -90,6 +91,7 @@ class PartitionReport:
                 f"{self.export_s * 1e3:.1f} ms, solve {self.solve_s * 1e3:.1f} ms, extract "
                 f"{self.extract_s * 1e3:.1f} ms"
                 f"{self.runtime_summary}{self._plan_summary()}"
+                f"{self.offload.summary() if self.offload is not None else ''}"
                 f"{'; restored with a compile served from the cache' if self.from_cache else ''}")
 
     def _plan_summary(self) -> str:

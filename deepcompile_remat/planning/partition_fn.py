@@ -12,7 +12,9 @@ One call plans one joint graph, in this order:
 4. decide by the config's mode: the ordinary cut or memory_budget (partition/cut.py::decide,
    the settings of 3.), or peak_target (peak_target.py: cuts and larger buckets searched
    together);
-5. extract the chosen cut and run the runtime's passes with the chosen settings;
+5. extract the chosen cut and run the runtime's passes with the chosen settings, then, with
+   offload_activations, move saved activations to the host (partition/offload.py; inside
+   every plan peak-target mode builds, so its simulated peaks count accelerator bytes only);
 6. record a PartitionReport (what "auto" chose is in its summary line).
 Settings go one way: RematConfig -> Zero3Runtime.settings -> 3. (and, in peak-target mode, a
 larger bucket_bytes) -> runtime.rewrite -> the C++ schedule. Nothing calls back to override
@@ -20,13 +22,15 @@ them.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Optional, Sequence
 
 import torch.fx as fx
 
 from deepcompile_remat.config import RematConfig
-from deepcompile_remat.partition import cut, fx_export, report
+from deepcompile_remat.partition import budget, cut, fx_export, offload, report
+from deepcompile_remat.partition.simulate import graph_peak
 from deepcompile_remat.planning import peak_target
 from deepcompile_remat.zero3.runtime import Zero3Runtime, summary_of
 from deepcompile_remat.zero3.topology import Topology, topology_of
@@ -82,13 +86,17 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
     static_nodes = cut.static_nodes_of(joint_module, static)
     settings, auto = resolve_auto(runtime.settings, joint_module)
 
+    offloads = _offloader(config, graph, num_fwd_outputs, parameter_names, fuses_pointwise)
+
     def build(saved_ids, settings):
-        """(extracted, figures): the cut that saves saved_ids, after the runtime's passes."""
+        """(fw, bw, extracted, figures, offload figures or None): the cut that saves saved_ids,
+        after the runtime's passes (and activation offload)."""
         extracted = cut.extract_cut(joint_module, graph, saved_ids,
                                     num_fwd_outputs=num_fwd_outputs, static_nodes=static_nodes,
                                     torch_passes=torch_passes)
         figures = runtime.rewrite(extracted.fw, extracted.bw, parameter_names, settings)
-        return extracted.fw, extracted.bw, extracted, figures
+        moved = offloads(extracted) if offloads is not None else None
+        return extracted.fw, extracted.bw, extracted, figures, moved
 
     plan_summary = budget_summary = None
     if config.peak_target is None:
@@ -109,7 +117,7 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
         saved_ids, node_info = chosen.candidate.saved_ids, chosen.candidate.node_info
         built = chosen.built
         peak_target.log_plan(plan_summary)
-    fw, bw, extracted, figures = built
+    fw, bw, extracted, figures, moved = built
     t3 = time.perf_counter()
     rep = cut.describe(graph, config, extracted, saved_ids, node_info,
                        parameter_names=parameter_names,
@@ -118,9 +126,38 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
                        schedule=figures,
                        runtime_summary=summary_of(figures) + (auto.summary() if auto and figures
                                                               else ""),
-                       budget_summary=budget_summary, plan=plan_summary)
+                       budget_summary=budget_summary, plan=plan_summary, offload=moved)
     report.record(rep, config.keep_reports)
     return fw, bw
+
+
+def _offloader(config: RematConfig, graph, num_fwd_outputs: int, parameter_names: set,
+               fuses_pointwise: bool) -> Optional[Callable]:
+    """With offload_activations: extracted -> OffloadFigures, moving the chosen saved values
+    of a built cut to the host (with the simulated step peak before and after); else None."""
+    if not config.offload_activations:
+        return None
+    step_flops = float(budget.recompute_costs(graph).sum())
+
+    def step_peak(fw, bw) -> float:
+        return max(graph_peak(fw, parameter_names, fuses_pointwise)[0],
+                   graph_peak(bw, parameter_names, fuses_pointwise)[0])
+
+    def run(extracted) -> offload.OffloadFigures:
+        chosen, candidates = offload.choose(
+            extracted.fw, [n.name for n in extracted.saved_tensors],
+            num_fwd_outputs=num_fwd_outputs, parameter_names=parameter_names,
+            flops_per_byte=config.host_link_flops_per_byte, step_flops=step_flops)
+        before = step_peak(extracted.fw, extracted.bw) if chosen else 0.0
+        figures = offload.apply(extracted.fw, extracted.bw, chosen,
+                                num_fwd_outputs=num_fwd_outputs,
+                                flops_per_byte=config.host_link_flops_per_byte,
+                                candidates=candidates)
+        after = step_peak(extracted.fw, extracted.bw) if chosen else 0.0
+        return dataclasses.replace(figures, simulated_peak_before=before,
+                                   simulated_peak_after=after)
+
+    return run
 
 
 def remat_partition_fn(
