@@ -2,7 +2,8 @@
 
 Public surface (__all__, and what dir() lists): RematConfig; partition_fn / make_partition_fn
 (AOTAutograd partitioners; a disabled config gives torch's own); backend(kind=None,
-config=None) for torch.compile (kind defaults to config.backend_kind); reports() /
+config=None) for torch.compile (kind defaults to config.backend_kind); compile(model,
+config=None, kind=None), a model compiled as config.compile_scope says; reports() /
 clear_reports() / PartitionReport; and the errors the product raises to users, all ValueError
 subclasses: PartitionConflictError, BudgetInfeasibleError, PeakTargetInfeasibleError,
 UnboundedCutError. The min-cut
@@ -40,7 +41,7 @@ def __getattr__(name):
         from deepcompile_remat import partition
 
         return getattr(partition, name)
-    if name in ("backend", "partition_fn", "make_partition_fn"):
+    if name in ("backend", "compile", "partition_fn", "make_partition_fn"):
         from deepcompile_remat import backends
 
         return getattr(backends, name)
@@ -52,6 +53,6 @@ def __dir__():
     return sorted(__all__)
 
 
-__all__ = ["__version__", "RematConfig", "partition_fn", "make_partition_fn", "backend",
+__all__ = ["__version__", "RematConfig", "partition_fn", "make_partition_fn", "backend", "compile",
            "reports", "clear_reports", "PartitionReport", "PartitionConflictError",
            "BudgetInfeasibleError", "PeakTargetInfeasibleError", "UnboundedCutError"]

@@ -206,6 +206,25 @@ def _inductor_backend(config: RematConfig, on_partition: Optional[Callable] = No
     return compile_fn
 
 
+def compile(model: torch.nn.Module, config: Optional[RematConfig] = None,  # noqa: A001
+            kind: Optional[str] = None) -> torch.nn.Module:
+    """`model` compiled with backend(kind, config) the way config.compile_scope says (the
+    DeepSpeed block's default, zero3/layers.py): "auto" and "layers" compile each repeated
+    layer on its own, the rest of a zero3.shard()ed model one eager unit, and return `model`
+    itself; "model" (and "auto" where the model has no nn.ModuleList of two or more blocks of
+    one class) returns torch.compile(model, backend=...). "layers" on a model without such
+    layers raises ValueError."""
+    from deepcompile_remat.zero3.layers import compile_by_layer, repeated_layers
+
+    config = _checked_config(config)
+    compiled = backend(kind, config)
+    if config.compile_scope == "model" or (config.compile_scope == "auto"
+                                           and not repeated_layers(model)):
+        return torch.compile(model, backend=compiled)
+    compile_by_layer(model, compiled)
+    return model
+
+
 def backend(kind: Optional[str] = None, config: Optional[RematConfig] = None, *,
             on_partition: Optional[Callable] = None) -> Callable:
     """A torch.compile backend of the given kind ("eager" or "inductor"). kind=None: the

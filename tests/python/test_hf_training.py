@@ -31,8 +31,8 @@ from graph_checks import capture_partitions, parameter_copies_saved  # noqa: E40
 
 VOCAB, SEQ = 128, 16
 # (preset, backend, precision, HF activation checkpointing, what is compiled): all pairs of the
-# middle three; "layers": each layer on its own, the rest one eager unit (zero3.compile_by_layer,
-# the takeover's default for these models), "model": the whole model.
+# middle three; "layers": each layer on its own, the rest one eager unit (dcr.compile's and the
+# takeover's default for these models: zero3.compile_by_layer), "model": the whole model.
 OWN_RUNTIME_CASES = [("llama", "eager", "bf16", True, "model"),
                      ("qwen2", "eager", "autocast", False, "layers"),
                      ("gpt2", "inductor", "bf16", False, "model"),
@@ -96,11 +96,8 @@ def _own_runtime(rank, world, preset, kind, precision, checkpointing, scope):
         return losses
 
     zero3.shard(model)
-    if scope == "layers":
-        zero3.compile_by_layer(model, dcr.backend(kind))
-        compiled = model
-    else:
-        compiled = torch.compile(model, backend=dcr.backend(kind))
+    compiled = dcr.compile(model, dcr.RematConfig(compile_scope=scope), kind)
+    assert (compiled is model) == (scope == "layers")  # per layer: compiled in place
     with capture_partitions() as graphs:
         losses = train(model, compiled, [b[rank * per_rank:(rank + 1) * per_rank]
                                          for b in batches])

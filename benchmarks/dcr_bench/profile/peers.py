@@ -2,6 +2,9 @@
 the same model, micro-batch, seed and ranks; a full training step each (forward, backward,
 AdamW step, gradients released).
 
+    ours-compile                    zero3.shard + dcr.compile(model): the README's program
+                                    (each repeated layer compiled on its own, the rest one
+                                    eager unit; the whole model where there are no layers)
     ours-eager / ours-inductor      zero3.shard + torch.compile(backend=dcr.backend(kind)),
                                     torch.optim.AdamW on the shards; RematConfig's defaults
                                     (bucket_bytes "auto": a layer's gathers in one collective,
@@ -116,14 +119,15 @@ def _layer_bytes(model: torch.nn.Module, element_bytes: int = 2) -> int:
 
 
 def ours(kind: str, layer_buckets: bool = False, mixed_precision: bool = False,
-         per_block: bool = False, bucket_element_bytes: int = 2):
+         per_block: bool = False, bucket_element_bytes: int = 2, entry_point: bool = False):
     """The ours-* peer for backend `kind`: zero3.shard and torch.compile with dcr.backend(kind);
     buckets of one layer's weights with layer_buckets (at bucket_element_bytes a weight: 2, a
     layer's 16-bit gathers; 4, also its fp32 gradients in one reduce-scatter, which only
     per_block can afford: compiled whole, that budget would gather the next layer's weights
     early), bf16 parameters through
     zero3.shard(param_dtype=) with mixed_precision, each layer compiled on its own (the rest
-    of the model eager, as fsdp2-block-compiled) with per_block. Returns the peer's factory."""
+    of the model eager, as fsdp2-block-compiled) with per_block, dcr.compile (the README's
+    program) with entry_point. Returns the peer's factory."""
     def make(w: Workload, precision: str, device, remat: dict) -> System:
         import deepcompile_remat as dcr
         from deepcompile_remat import zero3
@@ -137,7 +141,9 @@ def ours(kind: str, layer_buckets: bool = False, mixed_precision: bool = False,
         config = dcr.RematConfig(**remat)
         model = zero3.shard(model, config=config,
                             param_dtype=torch.bfloat16 if mixed_precision else None)
-        if per_block:  # torchtitan's way: the layers compiled, the model around them eager
+        if entry_point:  # the README's program: dcr.compile, its compile_scope "auto"
+            run = dcr.compile(model, config, kind)
+        elif per_block:  # torchtitan's way: the layers compiled, the model around them eager
             for block in blocks(model):
                 block.compile(backend=dcr.backend(kind, config))
             # ... and one unit, as FSDP2's root: one gather and one reduce-scatter a step
@@ -256,6 +262,7 @@ def fsdp2(granularity: str, compiled: bool = False):
 PEERS: dict = {
     "ours-eager": ours("eager"),
     "ours-inductor": ours("inductor"),
+    "ours-compile": ours("inductor", entry_point=True),
     "ours-inductor-layer-buckets": ours("inductor", layer_buckets=True),
     "ours-inductor-blocks": ours("inductor", layer_buckets=True, per_block=True),
     "ours-inductor-blocks-grad-buckets": ours("inductor", layer_buckets=True, per_block=True,
