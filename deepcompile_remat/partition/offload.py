@@ -31,7 +31,7 @@ import torch.fx as fx
 from deepcompile_remat import fx_arrays
 from deepcompile_remat.partition import budget
 
-aten = torch.ops.aten
+prims = torch.ops.prims
 HOST = torch.device("cpu")
 MIN_BYTES = 1 << 20  # smaller values are not worth a copy's launch and latency
 
@@ -97,13 +97,12 @@ def _outputs(gm: fx.GraphModule) -> list:
 
 def _copy_to(graph: fx.Graph, value: fx.Node, device: torch.device) -> fx.Node:
     """value copied to `device` (HOST: the forward's copy out; else the backward's copy back,
-    which on a CPU run is the same device)."""
-    kwargs = {"device": device}
-    if device.type != "cpu":
-        kwargs["non_blocking"] = True  # ordered on the stream with what reads it
-    elif value.meta["val"].device.type == "cuda":
-        kwargs.update(pin_memory=True, non_blocking=True)  # an async copy needs pinned memory
-    copy = graph.call_function(aten._to_copy.default, (value,), kwargs)
+    which on a CPU run is the same device). prims.device_put, not aten._to_copy: the graphs
+    are past AOTAutograd's decompositions, and inductor lowers only the prim."""
+    # The copy back is ordered on the stream with what reads it; the copy out lands in
+    # pageable host memory, which a GPU copies synchronously (no pinned staging yet).
+    copy = graph.call_function(prims.device_put.default, (value, device),
+                               {"non_blocking": device != HOST})
     copy.meta["val"] = value.meta["val"].to(device)
     return copy
 
