@@ -64,15 +64,17 @@ def test_every_system_runs_on_a_tiny_gpt(tmp_path, precision):
 
 def test_transformers_config_json_with_checkpointing(tmp_path):
     """A user's own architecture (a config.json, at its own vocab: none given on the command
-    line) with HF's activation checkpointing; the one compare test that draws peers.png. Ours
-    compiled per layer (ours-inductor-blocks) runs too: its graphs are cut by ours."""
+    line) with HF's activation checkpointing; the one compare test that draws peers.png. The
+    README's entry point (ours-compile: dcr.compile, each of the 2 layers compiled on its own)
+    runs too: its graphs are cut by ours."""
     transformers = pytest.importorskip("transformers")
     config = tmp_path / "config.json"
     transformers.LlamaConfig(vocab_size=48, hidden_size=64, intermediate_size=128,
-                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                              max_position_embeddings=64).to_json_file(str(config))
-    peers = ["ours-eager", "ours-inductor-blocks", "fsdp2-block"]
-    drop = {TINY.index("--vocab"), TINY.index("--vocab") + 1, TINY.index("--no-plots")}
+    peers = ["ours-eager", "ours-compile", "fsdp2-block"]
+    drop = {TINY.index("--vocab"), TINY.index("--vocab") + 1, TINY.index("--layers"),
+            TINY.index("--layers") + 1, TINY.index("--no-plots")}
     args = [a for i, a in enumerate(TINY) if i not in drop]
     result = _run(tmp_path, peers, "autocast", ["--model", str(config), "--checkpointing"], args)
     _check(result["folded"], peers)
