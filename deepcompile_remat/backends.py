@@ -213,13 +213,12 @@ def compile(model: torch.nn.Module, config: Optional[RematConfig] = None,  # noq
     layer on its own, the rest of a zero3.shard()ed model one eager unit, and return `model`
     itself; "model" (and "auto" where the model has no nn.ModuleList of two or more blocks of
     one class) returns torch.compile(model, backend=...). "layers" on a model without such
-    layers raises ValueError."""
-    from deepcompile_remat.zero3.layers import compile_by_layer, repeated_layers
+    layers raises ValueError (zero3.layers.layers_to_compile, as the takeover decides)."""
+    from deepcompile_remat.zero3.layers import compile_by_layer, layers_to_compile
 
     config = _checked_config(config)
     compiled = backend(kind, config)
-    if config.compile_scope == "model" or (config.compile_scope == "auto"
-                                           and not repeated_layers(model)):
+    if not layers_to_compile(model, config.compile_scope, "RematConfig.compile_scope"):
         return torch.compile(model, backend=compiled)
     compile_by_layer(model, compiled)
     return model

@@ -135,9 +135,9 @@ class RematConfig:
     Refused: backend(kind) raises; engine.compile(backend=...) warns and is not honoured."""
     compile_scope: CompileScope = "auto"
     """What the DeepSpeed takeover (and deepcompile_remat.compile(model)) compiles: "layers":
-    each of the model's repeated layers on
-    its own (one compiled graph serves every layer of a class), the model around them eager
-    and one unit, gathered in one collective and reduce-scattered in one (FSDP2's root);
+    each of the model's repeated layers on its own (one compiled graph serves every layer of
+    a class), the model around them eager and one unit, gathered in one collective and
+    reduce-scattered in one (FSDP2's root);
     "model": the whole forward, one graph. "auto": "layers" where the model has an
     nn.ModuleList of two or more blocks of one class (a transformer's layers), else "model";
     the takeover's INFO line says which.

@@ -20,10 +20,13 @@ dist.init_process_group("gloo")
 rate = float(os.environ.get("RATE", "16000"))
 ckpt = bool(os.environ.get("CKPT"))
 torch.manual_seed(0)
-model = models.build_hf("llama", vocab=512, layers=4, hidden=int(os.environ.get("HIDDEN", "256")), dropout=0.0)
+model = models.build_hf("llama", vocab=512, layers=4, hidden=int(os.environ.get("HIDDEN", "256")),
+                        dropout=0.0)
 if ckpt: models.enable_hf_checkpointing(model, use_reentrant=False)
 zero3.shard(model)
-run = dcr.compile(model, dcr.RematConfig(offload_activations=True, host_link_flops_per_byte=rate, compile_scope=os.environ.get("SCOPE", "auto")), "eager")
+config = dcr.RematConfig(offload_activations=True, host_link_flops_per_byte=rate,
+                         compile_scope=os.environ.get("SCOPE", "auto"))
+run = dcr.compile(model, config, "eager")
 ids = torch.randint(0, 512, (1, 1024))
 with torch.autocast("cpu", dtype=torch.bfloat16):
     loss = run(input_ids=ids, labels=ids).loss
@@ -31,6 +34,7 @@ loss.backward()
 if dist.get_rank() == 0:
     for r in dcr.reports():
         o = r.offload
-        print(f"rate {rate:g} ckpt {ckpt}: saved {r.saved_activation_bytes/2**20:.1f} MiB activations;",
+        print(f"rate {rate:g} ckpt {ckpt}: saved {r.saved_activation_bytes / 2**20:.1f} MiB "
+              "activations;",
               o.summary()[2:], [(n, round(b/2**20, 2)) for n, b in o.values])
 dist.destroy_process_group()

@@ -27,14 +27,16 @@ where.
 
 An alias is reported once under its first owner and listed in ``aliases`` (owner -> the owner
 it shares storage with), so a reader sees what was not copied. Bytes are storage bytes: a
-view counts its whole storage once. Imports only DeepSpeed's accelerator (its device name);
-reads the attributes DeepSpeed 0.19.8 sets (adapter.py lists the private ones). Meta tensors (what the takeover leaves where it
-freed a buffer) hold no bytes and are skipped."""
+view counts its whole storage once. Reads DeepSpeed's accelerator (its device) and the
+attributes DeepSpeed 0.19.8 sets (adapter.py lists the private ones). Meta tensors (what the
+takeover leaves where it freed a buffer) hold no bytes and are skipped."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+
+from deepcompile_remat.deepspeed._ds_internals import accelerator_device
 
 _MAX_DEPTH = 4  # how far into lists, tuples and dicts under an attribute the sweep looks
 HOST = " [host]"  # the suffix of an owner's bytes held on the host
@@ -122,22 +124,6 @@ class _Ledger:
                 self.result.aliases.setdefault(owner, first)
 
 
-def _accelerator_of(params, masters) -> "str | None":
-    """The accelerator's device type: DeepSpeed's accelerator's (under offload_param and
-    offload_optimizer no partition of ours is on it), else the parameter partitions' (a
-    dropped one is on meta), else the master weights'."""
-    try:
-        from deepspeed.accelerator import get_accelerator
-
-        return torch.device(get_accelerator().device_name()).type
-    except ImportError:
-        pass
-    for t in [getattr(p, "ds_tensor", None) for p in params] + masters:
-        if t is not None and t.device.type != "meta":
-            return t.device.type
-    return None
-
-
 def held_bytes(engine, *, device: str | torch.device | None = None) -> HeldBytes:
     """What `engine` (a DeepSpeed ZeRO-3 engine, taken over or not) holds now, by owner (module
     docstring), the host's bytes apart. `device`: count only tensors on that device type
@@ -145,11 +131,10 @@ def held_bytes(engine, *, device: str | torch.device | None = None) -> HeldBytes
     module, optimizer = engine.module, engine.optimizer
     inner = getattr(optimizer, "optimizer", None)
     params = list(module.parameters())
-    masters = [t for t in getattr(optimizer, "fp32_partitioned_groups_flat", []) or []
-               if t is not None]
-    accelerator = _accelerator_of(params, masters)
+    # DeepSpeed's own: under offload_param and offload_optimizer no partition is on it
+    accelerator = accelerator_device().type
     counted = ({torch.device(device).type} if device is not None
-               else {accelerator, "cpu"} - {None})
+               else {accelerator, "cpu"})
     offloaded = (_OFFLOADED_WITH_THE_OPTIMIZER if getattr(optimizer, "offload_optimizer", False)
                  else ()) + (_OFFLOADED_WITH_THE_PARAMETERS
                              if getattr(optimizer, "offload_param", False) else ())

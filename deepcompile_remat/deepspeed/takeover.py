@@ -61,7 +61,7 @@ from deepcompile_remat.deepspeed.adapter import (DeepSpeedAdapter, check_deepspe
 from deepcompile_remat.deepspeed.config import DeepSpeedSettings
 from deepcompile_remat.deepspeed.optimizer_step import hold_gradients_only_in_the_step
 from deepcompile_remat.zero3 import custom_ops
-from deepcompile_remat.zero3.layers import compile_by_layer, repeated_layers
+from deepcompile_remat.zero3.layers import compile_by_layer, layers_to_compile
 from deepcompile_remat.zero3.shard import (SHARDS_ATTR, ShardSpec, attach_specs,
                                           check_secondary_group, gather, held_copy, shard_of,
                                           sharded_class, specs_of)
@@ -439,12 +439,8 @@ def _compile(engine, takeover: Takeover) -> None:
 
     module, remat = engine.module, takeover.remat
     forward = module.forward
-    layers = repeated_layers(module) if remat.compile_scope != "model" else []
-    if remat.compile_scope == "layers" and not layers:
-        raise ValueError(
-            f"deepcompile_remat: {takeover.settings.where}.compile_scope is \"layers\", but "
-            f"{type(module).__name__} has no nn.ModuleList of two or more blocks of one class; "
-            "set \"model\" (or \"auto\") to compile it whole")
+    layers = layers_to_compile(module, remat.compile_scope,
+                               f"{takeover.settings.where}.compile_scope")
     takeover.scope = "layers" if layers else "model"
 
     def compile_forward(kind: str) -> None:

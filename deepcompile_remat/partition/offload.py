@@ -67,9 +67,10 @@ def _bytes(node: fx.Node) -> int:
 def choose(fw: fx.GraphModule, saved_names: Iterable[str], *, num_fwd_outputs: int,
            parameter_names: set, flops_per_byte: float, step_flops: float,
            min_bytes: int = MIN_BYTES) -> tuple[list, int]:
-    """(the forward nodes to offload, largest first; how many values were candidates) among the saved values `saved_names` of forward graph `fw` (module docstring). A
-    value the forward also returns to its caller is no candidate: its buffer outlives the
-    forward anyway."""
+    """(the forward nodes to offload, largest first; how many values were candidates) among
+    the saved values `saved_names` of forward graph `fw` (module docstring). A value the
+    forward also returns to its caller is no candidate: its buffer outlives the forward
+    anyway."""
     by_name = {n.name: n for n in fw.graph.nodes}
     returned = set(_outputs(fw)[:num_fwd_outputs])
     candidates = []

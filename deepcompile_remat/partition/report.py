@@ -56,7 +56,7 @@ class PartitionReport:
     runtime_summary: str = ""  # the runtime's own words for the summary line ('' : none)
     budget: BudgetSummary | None = None  # budget mode's decision; None: the ordinary cut
     plan: object | None = None  # peak-target mode's decision (planning's PlanSummary); None: off
-    offload: object | None = None  # activation offload's figures (offload.OffloadFigures); None: off
+    offload: object | None = None  # activation offload's figures (OffloadFigures); None: off
     # True: torch served this compile from its AOTAutograd cache, so nothing was partitioned in
     # this process; this is the report recorded when the cache entry was written (its timings
     # are that compile's). partition/report_cache.py keeps it beside the cache.

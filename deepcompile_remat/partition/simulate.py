@@ -2,6 +2,7 @@
 would run it.
 
     peak, resident = graph_peak(gm, persistent_names=parameter_names)
+    step, fw_peak, bw_peak, resident = step_peak(fw, bw, parameter_names)
 """
 from __future__ import annotations
 
@@ -42,3 +43,14 @@ def graph_peak(gm: fx.GraphModule, persistent_names: Iterable[str],
     order = np.flatnonzero(is_input == 0).astype(np.int64)
     resident = float(np.asarray(memory.bytes)[np.asarray(memory.persistent) != 0].sum())
     return float(_C.simulate_memory(memory, order=order).peak_bytes), resident
+
+
+def step_peak(fw: fx.GraphModule, bw: fx.GraphModule, persistent_names: Iterable[str],
+              fuses_pointwise: bool = True) -> tuple[float, float, float, float]:
+    """(step peak, forward peak, backward peak, the forward's resident bytes) of a forward and
+    backward pair, graph_peak of each, the backward put on the forward's footing: the
+    parameters it does not read are resident too. The step peak is the larger of the two."""
+    fw_peak, fw_resident = graph_peak(fw, persistent_names, fuses_pointwise)
+    bw_peak, bw_resident = graph_peak(bw, persistent_names, fuses_pointwise)
+    bw_peak += fw_resident - bw_resident
+    return max(fw_peak, bw_peak), fw_peak, bw_peak, fw_resident

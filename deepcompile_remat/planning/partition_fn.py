@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.partition import budget, cut, fx_export, offload, report
-from deepcompile_remat.partition.simulate import graph_peak
+from deepcompile_remat.partition.simulate import step_peak
 from deepcompile_remat.planning import peak_target
 from deepcompile_remat.zero3.runtime import Zero3Runtime, summary_of
 from deepcompile_remat.zero3.topology import Topology, topology_of
@@ -139,21 +139,20 @@ def _offloader(config: RematConfig, graph, num_fwd_outputs: int, parameter_names
         return None
     step_flops = float(budget.recompute_costs(graph).sum())
 
-    def step_peak(fw, bw) -> float:
-        return max(graph_peak(fw, parameter_names, fuses_pointwise)[0],
-                   graph_peak(bw, parameter_names, fuses_pointwise)[0])
+    def peak(extracted) -> float:  # as peak-target mode's plans are simulated
+        return step_peak(extracted.fw, extracted.bw, parameter_names, fuses_pointwise)[0]
 
     def run(extracted) -> offload.OffloadFigures:
         chosen, candidates = offload.choose(
             extracted.fw, [n.name for n in extracted.saved_tensors],
             num_fwd_outputs=num_fwd_outputs, parameter_names=parameter_names,
             flops_per_byte=config.host_link_flops_per_byte, step_flops=step_flops)
-        before = step_peak(extracted.fw, extracted.bw) if chosen else 0.0
+        before = peak(extracted) if chosen else 0.0
         figures = offload.apply(extracted.fw, extracted.bw, chosen,
                                 num_fwd_outputs=num_fwd_outputs,
                                 flops_per_byte=config.host_link_flops_per_byte,
                                 candidates=candidates)
-        after = step_peak(extracted.fw, extracted.bw) if chosen else 0.0
+        after = peak(extracted) if chosen else 0.0
         return dataclasses.replace(figures, simulated_peak_before=before,
                                    simulated_peak_after=after)
 

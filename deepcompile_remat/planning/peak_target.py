@@ -37,7 +37,7 @@ import numpy as np
 from deepcompile_remat.config import PeakTargetInfeasibleError
 from deepcompile_remat.partition import fx_export
 from deepcompile_remat.partition.proposals import Candidate, candidates, parameter_gathers
-from deepcompile_remat.partition.simulate import graph_peak
+from deepcompile_remat.partition.simulate import step_peak
 from deepcompile_remat.zero3.schedule import ScheduleOptions
 
 log = logging.getLogger(__name__)
@@ -109,13 +109,9 @@ def evaluate(candidate: Candidate, settings: ScheduleOptions, build: Build,
              parameter_names: set[str], fuses_pointwise: bool = True) -> Evaluation:
     """Builds `candidate` with `settings` and simulates both graphs."""
     built = build(candidate, settings)
-    fw, bw = built[0], built[1]
-    fw_peak, fw_resident = graph_peak(fw, parameter_names, fuses_pointwise)
-    bw_peak, bw_resident = graph_peak(bw, parameter_names, fuses_pointwise)
-    # Both on the forward's footing: the parameters the backward does not read are resident too.
-    bw_peak += fw_resident - bw_resident
-    return Evaluation(candidate, settings, built, max(fw_peak, bw_peak), fw_peak, bw_peak,
-                      fw_resident)
+    peak, fw_peak, bw_peak, resident = step_peak(built[0], built[1], parameter_names,
+                                                 fuses_pointwise)
+    return Evaluation(candidate, settings, built, peak, fw_peak, bw_peak, resident)
 
 
 def bucket_ladder(configured: float, gathered_bytes: float) -> list[float]:

@@ -61,7 +61,7 @@ class _GatherUnit(torch.autograd.Function):
         return (None, None, None, *shard_grads)
 
 
-def _owners(module: nn.Module, exclude: Iterable[nn.Module]) -> list:
+def owners_outside(module: nn.Module, exclude: Iterable[nn.Module]) -> list:
     """(owner module, parameter name) of every sharded parameter of `module` outside the
     excluded subtrees."""
     excluded = {id(m) for e in exclude for m in e.modules()}
@@ -75,7 +75,7 @@ def eager_unit(module: nn.Module, exclude: Iterable[nn.Module] = ()) -> nn.Modul
     docstring). Returns `module`. Raises ValueError if `module` holds no such parameter or
     they are sharded over different groups."""
     exclude = [exclude] if isinstance(exclude, nn.Module) else list(exclude)
-    owners = _owners(module, exclude)
+    owners = owners_outside(module, exclude)
     if not owners:
         raise ValueError(f"deepcompile_remat.zero3.eager_unit: {type(module).__name__} holds no "
                          "sharded parameter outside `exclude` (is it zero3.shard()ed?)")

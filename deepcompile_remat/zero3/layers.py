@@ -27,8 +27,7 @@ from typing import Callable
 
 import torch.nn as nn
 
-from deepcompile_remat.zero3.eager_unit import eager_unit
-from deepcompile_remat.zero3.shard import specs_of
+from deepcompile_remat.zero3.eager_unit import eager_unit, owners_outside
 
 
 def _is_stack(m: nn.Module) -> bool:
@@ -52,9 +51,18 @@ def repeated_layers(model: nn.Module) -> list:
     return layers
 
 
-def _has_parameters_outside(model: nn.Module, layers: list) -> bool:
-    inside = {id(m) for layer in layers for m in layer.modules()}
-    return any(specs_of(m) for m in model.modules() if id(m) not in inside)
+def layers_to_compile(model: nn.Module, scope: str, where: str) -> list:
+    """The layers compile_scope `scope` compiles one by one: repeated_layers(model) under
+    "auto" and "layers"; [] under "model", and under "auto" for a model without repeated
+    layers (it is compiled whole). Raises ValueError for "layers" on a model without them,
+    naming the setting (`where`)."""
+    layers = repeated_layers(model) if scope != "model" else []
+    if scope == "layers" and not layers:
+        raise ValueError(
+            f"deepcompile_remat: {where} is \"layers\", but {type(model).__name__} has no "
+            "nn.ModuleList of two or more blocks of one class; set \"model\" (or \"auto\") "
+            "to compile it whole")
+    return layers
 
 
 def _no_kv_cache_while_training(module, args, kwargs):
@@ -88,7 +96,7 @@ def compile_by_layer(model: nn.Module, backend: Callable, unit: bool = True) -> 
     for layer in layers:
         layer.compile(backend=backend)
     if unit:
-        if _has_parameters_outside(model, layers):
+        if owners_outside(model, layers):
             eager_unit(model, exclude=layers)
         if _reads_use_cache(model):
             model.register_forward_pre_hook(_no_kv_cache_while_training, with_kwargs=True)
