@@ -7,6 +7,13 @@ only half the bytes cross the wire; no fp32 full weight is ever built. The pass 
 joint graph before the cut, so the backward's re-gathers (recomputed copies of the forward's)
 are cast-before-gather too.
 
+narrow_host_copies (after cast_before_gather): a shard that lives on the host (DeepSpeed's
+offload_param under the takeover) reaches its gather through a copy to the accelerator; where
+every reader of that copy is a gather that casts to bf16/fp16, the copy becomes ``cast on the
+host -> copy -> widen on the accelerator``: half the bytes cross the host link, and the gather
+reads the same values (the widening is exact, the gather's cast rounds as before), while the
+gradient's path through the copy, and so its precision, stay as they were.
+
 regather_within_secondary (joint graph) and read_secondary_in_backward (backward graph, after the
 cut): node-local re-gathers, ZeRO++'s hpZ, for shard groups with a secondary group
 (zero3.shard(secondary_group=...)). Each forward gather G keeps, beside the weight it gathers,
@@ -105,6 +112,50 @@ def cast_before_gather(gm: fx.GraphModule) -> int:
         gm.graph.lint()
     return rewritten
 
+
+
+def _host_to_device_copy(node: fx.Node):
+    """The host tensor `node` copies to another device with aten._to_copy (no dtype change),
+    else None."""
+    if node.op != "call_function" or node.target is not aten._to_copy.default:
+        return None
+    val, src = node.meta.get("val"), node.args[0].meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(src, torch.Tensor):
+        return None
+    if src.device.type != "cpu" or val.device == src.device or val.dtype != src.dtype:
+        return None
+    return node.args[0]
+
+
+def narrow_host_copies(gm: fx.GraphModule) -> int:
+    """Rewrites the graph in place (module docstring); returns how many host copies now cross
+    the link in the narrower dtype."""
+    rewritten = 0
+    for copy in list(gm.graph.nodes):
+        host = _host_to_device_copy(copy)
+        if host is None or not copy.users:
+            continue
+        dtypes = {gather_dtype(u) if is_allgather_cast(u) and u.args[0] is copy else None
+                  for u in copy.users}
+        if len(dtypes) != 1 or not dtypes <= set(LOW_PRECISION):
+            continue  # a reader needs the full-precision values (or two dtypes are read)
+        (dtype,) = dtypes
+        wide = copy.meta["val"].dtype
+        if wide.itemsize <= dtype.itemsize:
+            continue
+        with gm.graph.inserting_before(copy):
+            cast = gm.graph.call_function(aten._to_copy.default, (host,), {"dtype": dtype})
+            moved = gm.graph.call_function(aten._to_copy.default, (cast,),
+                                           {**copy.kwargs, "dtype": dtype})
+            widened = gm.graph.call_function(aten._to_copy.default, (moved,), {"dtype": wide})
+        for node in (cast, moved, widened):
+            _refresh_meta(node)
+        copy.replace_all_uses_with(widened)
+        gm.graph.erase_node(copy)
+        rewritten += 1
+    if rewritten:
+        gm.graph.lint()
+    return rewritten
 
 # On a joint-graph gather that has a secondary shard (and on its copies in the extracted
 # graphs): (the secondary shard node's name, k, the secondary group's name).

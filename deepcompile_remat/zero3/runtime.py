@@ -25,8 +25,8 @@ import torch.fx as fx
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_values import OP_NAMESPACE
 from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
-from deepcompile_remat.zero3.passes import (cast_before_gather, price_regathers,
-                                            read_secondary_in_backward,
+from deepcompile_remat.zero3.passes import (cast_before_gather, narrow_host_copies,
+                                            price_regathers, read_secondary_in_backward,
                                             regather_within_secondary)
 from deepcompile_remat.zero3.scatter_overlap import scatter_backends, split_reduce_scatters
 from deepcompile_remat.zero3.schedule import (ScheduleFigures, ScheduleOptions, schedule_gathers,
@@ -49,13 +49,14 @@ class Zero3Runtime:
         self.settings = ScheduleOptions.from_config(config)
 
     def rewrite_joint(self, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
-        """Cast-before-gather on the joint graph, when configured and there are gathers; the
-        re-gather prices; then the secondary shards of gathers whose shard group has a
+        """Cast-before-gather on the joint graph, when configured and there are gathers (and
+        host shards copied over in the gathered dtype); the re-gather prices; then the secondary shards of gathers whose shard group has a
         secondary group in the topology."""
         if not has_gathers(joint):
             return
         if self.config.cast_before_gather:
             cast_before_gather(joint)
+            narrow_host_copies(joint)
         price_regathers(joint)
         regather_within_secondary(joint, num_fwd_outputs, self.topology.secondary_of)
 

@@ -327,6 +327,44 @@ def test_cast_before_gather_under_autocast(kind):
     run_ranks(_gathers_are_downcast, 2, kind)
 
 
+def test_host_shards_cross_the_link_in_the_gathered_dtype():
+    """offload_param under the takeover: a host shard copied to the accelerator for a gather
+    that casts to bf16 crosses in bf16 (cast on the host, widened there: the gather reads the
+    same values); a shard read at full precision (a norm's weight under autocast) crosses as it
+    is. The accelerator is played by the meta device (no second device here)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from deepcompile_remat.zero3.passes import cast_before_gather, narrow_host_copies
+
+    acc = torch.device("meta")
+
+    def step(weight, norm, x):
+        w = OPS.allgather_cast(weight.to(acc, non_blocking=True), 1, "0").view(8, 8)
+        n = OPS.allgather_cast(norm.to(acc, non_blocking=True), 1, "0")
+        return (x @ w.to(torch.bfloat16).t()).float() * n
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(64), torch.randn(8),
+                                             torch.randn(4, 8, dtype=torch.bfloat16, device=acc))
+    assert cast_before_gather(gm) == 1
+    assert narrow_host_copies(gm) == 1
+    gathers = [n for n in gm.graph.nodes if n.target is OPS.allgather_cast.default]
+    (weight_gather,) = [g for g in gathers if g.kwargs.get("dtype") is torch.bfloat16]
+    (norm_gather,) = [g for g in gathers if g is not weight_gather]
+    widened = weight_gather.args[0]
+    moved = widened.args[0]
+    cast = moved.args[0]
+    assert (widened.meta["val"].dtype, widened.meta["val"].device) == (torch.float32, acc)
+    assert (moved.meta["val"].dtype, moved.meta["val"].device) == (torch.bfloat16, acc)
+    assert (cast.meta["val"].dtype, cast.meta["val"].device.type) == (torch.bfloat16, "cpu")
+    assert cast.args[0].op == "placeholder"
+    # The norm's shard is read in fp32 after its gather: it crosses in fp32.
+    norm_copy = norm_gather.args[0]
+    assert norm_copy.meta["val"].dtype == torch.float32 and norm_copy.args[0].op == "placeholder"
+    # Widening then the gather's cast round exactly as the gather's cast alone.
+    x = torch.randn(1000) * 1e3
+    assert torch.equal(x.to(torch.bfloat16).float().to(torch.bfloat16), x.to(torch.bfloat16))
+
+
 class TiedOddFrozen(nn.Module):
     """Tied embedding/head, odd sizes that do not split evenly, and a frozen parameter."""
 
