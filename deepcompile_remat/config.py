@@ -108,11 +108,12 @@ class RematConfig:
     memory simulator, csrc/memsim, over the final graphs): a number <= 1 is a fraction of the
     ordinary cut's peak, a number > 1 is bytes. The planner picks the plan that recomputes
     the least (re-gathers priced at their bytes) among the ordinary cut and the
-    memory-budget hulls with and without keeping gathered weights, whose peak fits. A byte
-    target no plan fits raises PeakTargetInfeasibleError naming the smallest peak one
-    reaches; a fraction no plan reaches takes the lowest-peak plan, with a warning (the
-    report's plan.met is False), as memory_budget raises a fraction to the smallest cut. Not
-    with memory_budget."""
+    memory-budget hulls with and without keeping gathered weights, whose peak fits with the
+    simulator's measured margin (a byte target / 1.3; a fraction's plans / 1.05 of it, the
+    ordinary cut meeting 1.0 as it is). A byte target no plan fits raises
+    PeakTargetInfeasibleError naming the smallest target one would; a fraction no plan
+    reaches takes the lowest-peak plan, with a warning (the report's plan.met is False), as
+    memory_budget raises a fraction to the smallest cut. Not with memory_budget."""
     offload_activations: bool = False
     """Activation offload, a third choice beside save and recompute (partition/offload.py):
     saved activations of 1 MiB or more are copied to the host in the forward and back just
@@ -191,8 +192,9 @@ class RematConfig:
 
 
 class PeakTargetInfeasibleError(ValueError):
-    """Raised when no plan's simulated peak fits RematConfig.peak_target (planning/peak_target.py);
-    `.min_bytes` holds the smallest simulated peak a plan reaches, which the message names too.
+    """Raised when no plan's simulated peak fits RematConfig.peak_target with the simulator's
+    margin (planning/peak_target.py); `.min_bytes` holds the smallest target a plan would fit
+    (the lowest simulated peak with the margin), which the message names too.
     Defined here, beside the setting, so that importing it needs no torch. A subclass of
     ValueError."""
 

@@ -100,7 +100,8 @@ class PartitionReport:
         if p is None:
             return ""
         return (f"; peak target {p.target_bytes:.0f} bytes: plan {p.family}, simulated peak "
-                f"{p.predicted_peak_bytes:.0f} (the ordinary cut's {p.default_peak_bytes:.0f}), "
+                f"{p.predicted_peak_bytes:.0f} (at most {p.planned_bytes:.0f} with the "
+                f"simulator's margin; the ordinary cut's {p.default_peak_bytes:.0f}), "
                 f"{p.kept_gathers} gathered weights kept, {p.evaluated} of {p.candidates} plans "
                 f"simulated")
 

@@ -10,8 +10,11 @@ per target with RematConfig(peak_target=T) (partition/planner.py). A row gives:
   predicted  the planner's simulated step peak less the graph's inputs (parameters and batch,
              alive before the step), the largest over the compiled graphs;
   the plan   its family, the flops it recomputes, its gathered weights kept.
-A byte target no plan fits is a row saying so, with the smallest simulated peak the planner
-named; a fraction no plan reaches takes the lowest plan ("not met" in the plan column).
+  held       whether a plan that reports its target met measured within it (a fraction: of
+             the ordinary cut's measured peak; bytes: the measured peak plus the inputs).
+A byte target no plan fits is a row saying so, with the smallest target the planner named (the
+lowest simulated peak with its margin); a fraction no plan reaches takes the lowest plan ("not
+met" in the plan column).
 Without ZeRO-3 there are no gathers, so every plan is of the "re-gather" family (a cut of the
 memory-budget hull) or the ordinary one; bench-style ZeRO-3 runs go through `frontier`.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Optional
 
 from dcr_bench.profile.cut_quality import ARCHITECTURES, PRECISIONS, measure
 
@@ -58,12 +62,14 @@ def plan_row(arch: str, kind: str, precision: str, target, steps: int, scale: in
         cause = infeasible_cause(e)
         if cause is None:
             raise
-        row.update(infeasible=True, min_peak_bytes=cause.min_bytes)
+        row.update(infeasible=True, needed_bytes=cause.min_bytes)
         return row
     plans = [r.plan for r in reports() if r.plan is not None]
     if plans:
         top = max(plans, key=lambda p: p.predicted_peak_bytes - p.inputs_bytes)
         row.update(predicted_bytes=top.predicted_peak_bytes - top.inputs_bytes,
+                   default_predicted_bytes=top.default_peak_bytes - top.inputs_bytes,
+                   inputs_bytes=top.inputs_bytes, planned_bytes=top.planned_bytes,
                    family=top.family, recompute_flops=sum(p.recompute_cost for p in plans),
                    kept_gathers=sum(p.kept_gathers for p in plans),
                    evaluated=sum(p.evaluated for p in plans),
@@ -72,17 +78,34 @@ def plan_row(arch: str, kind: str, precision: str, target, steps: int, scale: in
     return row
 
 
+def held(row: dict, ordinary: Optional[dict]) -> str:
+    """Whether a plan that reports its target met measured within it: a fraction T of the
+    ordinary cut's measured peak (the row without a target of the same arch and precision),
+    or T bytes for the step's peak above its start plus the graph's inputs (what the
+    simulated peak counts: parameters, batch). '' where the plan reports it not met."""
+    if not row.get("met", False) or isinstance(row["target"], str) or row["target"] is None:
+        return ""
+    t = row["target"]
+    if t <= 1:
+        if ordinary is None or "peak_bytes" not in ordinary:
+            return "?"
+        return "yes" if row["peak_bytes"] <= t * ordinary["peak_bytes"] else "OVER"
+    return "yes" if row["peak_bytes"] + row["inputs_bytes"] <= t else "OVER"
+
+
 def table(rows: list) -> str:
     """The rows as a text table (MB = 2**20 bytes)."""
     head = (f"{'arch':<9}{'prec':<6}{'target':>8}{'meas MB':>9}{'pred MB':>9}{'err':>8}"
-            f"{'step s':>8}{'cpu s':>8}{'1st s':>7}  plan")
+            f"{'held':>6}{'step s':>8}{'cpu s':>8}{'1st s':>7}  plan")
     out = [head, "-" * len(head)]
+    ordinary = {(r["arch"], r["precision"]): r for r in rows if r["target"] is None}
     for r in rows:
         t = ("none" if r["target"] is None else r["target"] if isinstance(r["target"], str)
              else f"{r['target']:g}")
         if r.get("infeasible"):
-            out.append(f"{r['arch']:<9}{r['precision']:<6}{t:>8}  infeasible: smallest "
-                       f"simulated peak {r['min_peak_bytes'] / 2**20:.1f} MB with inputs")
+            out.append(f"{r['arch']:<9}{r['precision']:<6}{t:>8}  infeasible: a target "
+                       f"needs {r['needed_bytes'] / 2**20:.1f} MB (inputs included: the "
+                       f"smallest simulated peak with the margin)")
             continue
         meas = r["peak_bytes"] / 2**20
         pred = r.get("predicted_bytes")
@@ -93,6 +116,7 @@ def table(rows: list) -> str:
             "torch's min-cut" if r["target"] == "torch" else "ordinary")
         out.append(f"{r['arch']:<9}{r['precision']:<6}{t:>8}{meas:>9.1f}"
                    f"{(pred / 2**20 if pred is not None else float('nan')):>9.1f}{err:>8}"
+                   f"{held(r, ordinary.get((r['arch'], r['precision']))):>6}"
                    f"{r['step_s']:>8.3f}{r['cpu_s']:>8.3f}{r['first_step_s']:>7.1f}  {plan}")
     return "\n".join(out)
 
