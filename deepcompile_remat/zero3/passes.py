@@ -157,6 +157,7 @@ def narrow_host_copies(gm: fx.GraphModule) -> int:
         gm.graph.lint()
     return rewritten
 
+
 # On a joint-graph gather that has a secondary shard (and on its copies in the extracted
 # graphs): (the secondary shard node's name, k, the secondary group's name).
 SECONDARY_META = "dcr_secondary"
