@@ -51,25 +51,33 @@ def gather_dtype(node: fx.Node):
     return node.kwargs.get("dtype", args[3])
 
 
+def _copy_vals(node: fx.Node):
+    """(output, input) fake tensors of an aten._to_copy node, or None if `node` is not one (or
+    either value is not a tensor)."""
+    if node.op != "call_function" or node.target is not aten._to_copy.default:
+        return None
+    val, src = node.meta.get("val"), node.args[0].meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(src, torch.Tensor):
+        return None
+    return val, src
+
+
 def _cast_target_dtype(node: fx.Node):
     """The dtype a pure dtype conversion produces, or None if `node` is not one."""
-    if node.op != "call_function":
-        return None
-    if node.target is prims.convert_element_type.default:
+    if node.op == "call_function" and node.target is prims.convert_element_type.default:
         return node.args[1]
-    if node.target is aten._to_copy.default:
-        extra = set(node.kwargs) - {"dtype", "layout", "device"}
-        val, src = node.meta.get("val"), node.args[0].meta.get("val")
-        if extra or not isinstance(val, torch.Tensor) or not isinstance(src, torch.Tensor):
-            return None
-        if val.device != src.device or val.layout != src.layout:
-            return None
-        return node.kwargs.get("dtype")
-    return None
+    vals = _copy_vals(node)
+    if vals is None or set(node.kwargs) - {"dtype", "layout", "device"}:
+        return None
+    val, src = vals
+    if val.device != src.device or val.layout != src.layout:
+        return None
+    return node.kwargs.get("dtype")
 
 
 def _refresh_meta(node: fx.Node) -> None:
-    """Recomputes meta['val'] of a view node on fake tensors after its input changed dtype."""
+    """Recomputes meta['val'] of a node from its inputs' on fake tensors (a view after its
+    input changed dtype, a copy the pass inserted)."""
     from torch._guards import detect_fake_mode
 
     vals = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
@@ -113,15 +121,13 @@ def cast_before_gather(gm: fx.GraphModule) -> int:
     return rewritten
 
 
-
 def _host_to_device_copy(node: fx.Node):
     """The host tensor `node` copies to another device with aten._to_copy (no dtype change),
     else None."""
-    if node.op != "call_function" or node.target is not aten._to_copy.default:
+    vals = _copy_vals(node)
+    if vals is None:
         return None
-    val, src = node.meta.get("val"), node.args[0].meta.get("val")
-    if not isinstance(val, torch.Tensor) or not isinstance(src, torch.Tensor):
-        return None
+    val, src = vals
     if src.device.type != "cpu" or val.device == src.device or val.dtype != src.dtype:
         return None
     return node.args[0]

@@ -50,8 +50,8 @@ class Zero3Runtime:
 
     def rewrite_joint(self, joint: fx.GraphModule, num_fwd_outputs: int) -> None:
         """Cast-before-gather on the joint graph, when configured and there are gathers (and
-        host shards copied over in the gathered dtype); the re-gather prices; then the secondary shards of gathers whose shard group has a
-        secondary group in the topology."""
+        host shards copied over in the gathered dtype); the re-gather prices; then the
+        secondary shards of gathers whose shard group has a secondary group in the topology."""
         if not has_gathers(joint):
             return
         if self.config.cast_before_gather:
