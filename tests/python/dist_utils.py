@@ -33,7 +33,11 @@ def _start_rank(rank, world, port, backend) -> None:
     faulthandler.enable()  # a crash on a rank prints where it happened
     inductor_config.fx_graph_cache = False
     functorch_config.enable_autograd_cache = False
+    # One thread a rank: the ranks share the machine's cores, and idle OpenMP threads spin.
+    # OMP_NUM_THREADS is read when torch loads, before this runs, so it only reaches the
+    # processes this rank starts (inductor's compile workers); the pool is sized here.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
 
