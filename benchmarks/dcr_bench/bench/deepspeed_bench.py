@@ -75,9 +75,10 @@ def _rank_main(rank: int, world: int, port: int, args_dict: dict) -> list:
     from deepcompile_remat.deepspeed import initialize
     from deepcompile_remat.deepspeed.accounting import held_bytes
     from dcr_bench.harness.models import hf_checkpointing_on
+    from dcr_bench.harness.ranks import share_cores
     from dcr_bench.harness.workload import blocks
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    share_cores(world)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     a = argparse.Namespace(**args_dict)

@@ -23,6 +23,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def share_cores(ranks: int) -> None:
+    """Sizes this process's torch thread pool to its share of the machine's cores, for a rank
+    measured beside `ranks - 1` others (OMP_NUM_THREADS is read at torch's import, too late)."""
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // ranks))
+
+
 class RanksTimedOut(RuntimeError):
     """The ranks did not all finish before the deadline; every one was killed."""
 

@@ -40,6 +40,7 @@ import statistics
 import sys
 import time
 
+from dcr_bench.harness.ranks import share_cores
 from dcr_bench.harness.workload import (Workload, add_model_arguments,
                                                  workload_from_args)
 
@@ -147,7 +148,7 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
     if device_type == "cuda":
         torch.cuda.set_device(device)
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    share_cores(world)
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
                             init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     w = Workload(**workload)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from dcr_bench.harness import comm_wait, memory
+from dcr_bench.harness.ranks import share_cores
 from dcr_bench.harness.workload import Workload
 from dcr_bench.profile.partitions import PartitionRecorder, PartitionStats
 from dcr_bench.profile.results import BUDGET_FIELDS
@@ -318,7 +319,7 @@ def rank_main(rank: int, nprocs: int, world: int, emulated: bool, port: int, dev
     inductor_config.fx_graph_cache = False
     functorch_config.enable_autograd_cache = False
     exact = memory.exact_cpu_counter() if device_kind == "cpu" else True
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // nprocs))
+    share_cores(nprocs)
     if device_kind == "cuda":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
