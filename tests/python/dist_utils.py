@@ -33,7 +33,8 @@ def _start_rank(rank, world, port, backend) -> None:
     faulthandler.enable()  # a crash on a rank prints where it happened
     inductor_config.fx_graph_cache = False
     functorch_config.enable_autograd_cache = False
-    # One thread a rank: the ranks share the machine's cores, and idle OpenMP threads spin.
+    # One thread a rank: the ranks share the machine's cores, and idle OpenMP threads spin
+    # (not the harness's share_cores: a test's tensors are too small for more threads).
     # OMP_NUM_THREADS is read when torch loads, before this runs, so it only reaches the
     # processes this rank starts (inductor's compile workers); the pool is sized here.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
