@@ -105,7 +105,9 @@ def fp32_partitions_created_as_aliases(adapter: DeepSpeedAdapter):
 
     def create_fp32_partitions(self, *args, **kwargs):
         named = self.device
-        if isinstance(named, str):
+        # Not under parameter offload: the partitions are on the host and the master is not
+        # (on a CPU accelerator both only look like one device; a GPU's copy is DeepSpeed's).
+        if isinstance(named, str) and not self.offload_param:
             self.device = torch.device(named)
         try:
             return create(self, *args, **kwargs)
@@ -125,10 +127,11 @@ def alias_fp32_partitions(optimizer) -> int:
     share that partition's storage, as DeepSpeed intended: the optimizer updates the parameter
     partitions in place and DeepSpeed's copy back after the step (fp16 <- fp32) copies a tensor
     onto itself. A checkpoint load writes through the alias (fp32_partitioned_groups_flat[i]
-    .data.copy_). Not under optimizer offload: the master belongs on the host (on a CPU
-    accelerator it only looks like a copy on the same device). Returns the bytes released."""
+    .data.copy_). Not under optimizer offload, where the master belongs on the host, nor under
+    parameter offload, where the partitions do and the master does not (on a CPU accelerator
+    either only looks like a copy on the same device). Returns the bytes released."""
     released = 0
-    if optimizer.offload_optimizer:
+    if optimizer.offload_optimizer or optimizer.offload_param:
         return 0
     for lp, hp in zip(optimizer.fp16_partitioned_groups_flat,
                       optimizer.fp32_partitioned_groups_flat):
@@ -172,6 +175,12 @@ def offloads_parameters(optimizer) -> bool:
     """Whether DeepSpeed keeps the 16-bit parameter partitions on the host (offload_param
     "cpu"): each ds_tensor is a slice of fp16_partitioned_groups_flat there."""
     return bool(optimizer.offload_param)
+
+
+def gradient_device(optimizer) -> torch.device:
+    """Where DeepSpeed's gradient slots live and its step reads them: beside the fp32 master
+    (the accelerator, or the host under optimizer offload)."""
+    return optimizer.fp32_partitioned_groups_flat[0].device
 
 
 def accelerator_device() -> torch.device:
@@ -382,8 +391,8 @@ def restore_grad_partitions(optimizer) -> None:
     buffer = optimizer.grad_partitions_flat_buffer
     if buffer.device.type == "meta":
         held = dict(getattr(optimizer, GRAD_PARTITION_MAP))
-        device = optimizer.fp32_partitioned_groups_flat[0].device
-        _point_grad_partitions_at(optimizer, torch.zeros_like(buffer, device=device))
+        _point_grad_partitions_at(optimizer,
+                                  torch.zeros_like(buffer, device=gradient_device(optimizer)))
         slots = getattr(optimizer, GRAD_PARTITION_MAP)
         for ds_id, grad in held.items():
             if grad.device.type != "meta":
@@ -395,7 +404,7 @@ def fill_unwritten_grad_partitions(optimizer) -> None:
     the last step (a parameter this model did not use) becomes zeros, what DeepSpeed's flat
     buffer holds there; the norm and the step read every slot."""
     buffer = optimizer.grad_partitions_flat_buffer
-    device = optimizer.fp32_partitioned_groups_flat[0].device
+    device = gradient_device(optimizer)
     slots = getattr(optimizer, GRAD_PARTITION_MAP)
     for group in optimizer.fp16_groups:
         for p in group:

@@ -242,10 +242,9 @@ class DeepSpeedSettings:
     super_offload: Any = _key("zero_optimization.offload_optimizer.super_offload", False)
     """DeepSpeed's SuperOffload (its own optimizer, stepped beside the backward); refused."""
     offload_param: Any = _key("zero_optimization.offload_param", None)
-    """The parameter offload device ("cpu_offload_param": true is "cpu"): "cpu" is taken over
-    together with offload_optimizer "cpu" (the shards stay on the host, each gather copies its
-    shard to the accelerator first); "nvme", or "cpu" without the optimizer offloaded, is
-    refused."""
+    """The parameter offload device ("cpu_offload_param": true is "cpu"): "cpu" is taken over,
+    with or without offload_optimizer "cpu" (the shards stay on the host, each gather copies its
+    shard to the accelerator first; takeover.py); "nvme" refused."""
     zero_hpz_partition_size: Any = _key("zero_optimization.zero_hpz_partition_size", 1)
     """ZeRO++'s hpZ: > 1 makes the backward re-gather within DeepSpeed's hpZ group of this many
     ranks, which the takeover maps onto the runtime's secondary group (takeover.py); taken over,
@@ -373,12 +372,6 @@ class DeepSpeedSettings:
             problems.append(f"{self.key('offload_param')} (device {param_device!r}) is not "
                             "supported: the takeover offloads parameters to \"cpu\" only "
                             "(NVMe swapping is DeepSpeed's alone)")
-        elif param_device == "cpu" and optimizer_device != "cpu":
-            problems.append(f"{self.key('offload_param')} \"cpu\" needs "
-                            f"{self.key('offload_optimizer')} \"cpu\" under the takeover "
-                            "(with the parameters on the host, their gradients go there too, "
-                            "where the offloaded optimizer reads them); add "
-                            "\"offload_optimizer\": {\"device\": \"cpu\"}")
         if _more_than(self.mics_shard_size, 0):
             problems.append(f"{self.key('mics_shard_size')} > 0 (MiCS) is not supported")
         if self.zero_quantized_weights:

@@ -8,7 +8,7 @@ The config is read once, into a DeepSpeedSettings (config.py): every DeepSpeed s
 module and the takeover depend on. Block absent or disabled: deepspeed.initialize(...) with the
 arguments as given (a block misnamed or misplaced, "deepcompile-remat" or nested in
 "zero_optimization", is an error either way). Enabled: ZeRO stage 3 is required, what the
-takeover does not implement (parameter offload, optimizer offload to NVMe, MiCS, ZeRO++'s
+takeover does not implement (parameter or optimizer offload to NVMe, MiCS, ZeRO++'s
 quantized weights and gradients, ZenFlow, a gradient predivide factor, sequence parallelism)
 is refused, and every DeepSpeed class and module attribute the takeover uses must exist
 (adapter.check_deepspeed: an error naming each missing one), all before any engine is built;

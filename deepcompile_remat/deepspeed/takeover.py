@@ -33,8 +33,14 @@ gradients and the optimizer states live on the host and DeepSpeed steps them the
 accumulation boundary the hook sends each gradient partition to the host as the backward
 produces it (DeepSpeed's own copy and norm) and frees its slot, so no gradient of the whole
 shard is staged on the accelerator; the forward gathers DeepSpeed's parameter partitions,
-which its step rewrites from the host master. The engine's own
-backward epilogue then runs unchanged (empty reduce buckets): optimizer step, clipping,
+which its step rewrites from the host master. Under parameter offload ("offload_param":
+{"device": "cpu"}, with or without the optimizer offloaded) the leaves are DeepSpeed's 16-bit
+partitions on the host: each gather copies its shard to the accelerator first (half the bytes
+where it casts to 16 bits: zero3/passes.py, narrow_host_copies), and each gradient arrives on
+the host, where an offloaded optimizer reads it; with the optimizer on the accelerator it goes
+back there to DeepSpeed's slot (Takeover.grad_device): one more copy of a gradient partition
+over the host link than stock DeepSpeed, whose reduce-scatter writes the slot in place.
+The engine's own backward epilogue then runs unchanged (empty reduce buckets): optimizer step, clipping,
 overflow checks and checkpoints read the partitions as they always do.
 
 What the takeover reads of the config is its DeepSpeedSettings (config.py); every patch it makes
@@ -117,6 +123,9 @@ class Takeover:
     offloads: bool = False
     # offload_param "cpu": the leaves (DeepSpeed's 16-bit partitions) live on the host
     offloads_parameters: bool = False
+    # offload_param without offload_optimizer: a leaf's gradient arrives on the host, and goes
+    # to this device (the accelerator, beside the fp32 master) where DeepSpeed's step reads it
+    grad_device: Optional[torch.device] = None
     # Parameters whose DeepSpeed secondary partitions (hpZ: zero_hpz_partition_size) are dropped
     hpz_params: list = field(default_factory=list)
     # Whether end() ran (engine.destroy() or uninstall()): the engine cannot train any more
@@ -227,6 +236,8 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
         grad, leaf.grad = leaf.grad, None
         if grad is None or not holds_data:
             return
+        if takeover.grad_device is not None:
+            grad = grad.to(takeover.grad_device)
         # DeepSpeed's rule (partition_grads): the first micro-batch after a step replaces the
         # slot, the next ones (and a second use in this one) add to it.
         again = p.ds_id in takeover.written  # a second gradient in this micro-batch
@@ -480,6 +491,8 @@ def _take_over_started(engine, takeover: Takeover) -> None:
         optimizer, takeover.sixteen_bit, adapter)
     takeover.offloads = ds.offloads_gradients(optimizer)
     takeover.offloads_parameters = ds.offloads_parameters(optimizer)
+    if takeover.offloads_parameters and not takeover.offloads:
+        takeover.grad_device = ds.gradient_device(optimizer)
     takeover.hpz_params = _regather_within_hpz_groups(module, takeover.settings)
     _attach_leaves(takeover, module, masters)
     module.register_forward_pre_hook(_before_each_forward(takeover))

@@ -70,17 +70,16 @@ ZERO_FIELDS: dict = {
     "compute_grad_norm": _honoured("DeepSpeed (it refuses false under ZeRO-3)"),
     "load_from_fp32_weights": _honoured("DeepSpeed's checkpoint loading"),
     "elastic_checkpoint": _honoured("DeepSpeed's checkpoints"),
-    "offload_param": _refused("device \"nvme\", or \"cpu\" without offload_optimizer "
-                              "\"cpu\"; \"cpu\" with it is honoured (the shards stay on the "
-                              "host, each gather copies its shard to the accelerator first)"),
+    "offload_param": _refused("device \"nvme\"; \"cpu\" is honoured (the shards stay on "
+                              "the host, each gather copies its shard to the accelerator "
+                              "first)"),
     "offload_optimizer": _refused("device \"nvme\", a \"ratio\" below 1.0, \"super_offload\"; "
                                   "\"cpu\" is honoured (DeepSpeed steps the optimizer on the "
                                   "host, the takeover sends it each gradient)"),
     "zenflow": _refused("any: ZenFlow's selective updates hook DeepSpeed's gradient "
                         "partitioning, which the takeover bypasses"),
     "sub_group_size": _honoured("DeepSpeed's optimizer step"),
-    "cpu_offload_param": _refused("true without offload_optimizer \"cpu\" (deprecated "
-                                  "spelling of offload_param \"cpu\")"),
+    "cpu_offload_param": _honoured("deprecated spelling of offload_param \"cpu\""),
     "cpu_offload_use_pin_memory": _honoured("deprecated: DeepSpeed ignores it"),
     "cpu_offload": _honoured("deprecated spelling of offload_optimizer \"cpu\""),
     "stage3_prefetch_bucket_size": _replaced(

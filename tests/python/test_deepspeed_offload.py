@@ -1,10 +1,12 @@
 """The takeover under DeepSpeed's optimizer offload ("offload_optimizer": {"device": "cpu"}),
-alone and with parameter offload ("offload_param": {"device": "cpu"}), against stock DeepSpeed
-with the same offload, on 2 CPU ranks (gloo).
+parameter offload ("offload_param": {"device": "cpu"}) and both, against stock DeepSpeed with
+the same offload, on 2 CPU ranks (gloo).
 
-DeepSpeed's fp32 master, its gradients and the optimizer states live on the host and DeepSpeed
-steps them there; the takeover's backward sends each gradient partition to the host at the
-accumulation boundary as it is produced (takeover._to_host_at_boundary). On a CPU accelerator
+Under optimizer offload DeepSpeed's fp32 master, its gradients and the optimizer states live on
+the host and DeepSpeed steps them there; the takeover's backward sends each gradient partition
+to the host at the accumulation boundary as it is produced (takeover._to_host_at_boundary).
+Under parameter offload the shard leaves are DeepSpeed's 16-bit partitions on the host; with
+the optimizer on the accelerator their gradients go back there (Takeover.grad_device). On a CPU accelerator
 host and accelerator are one memory, so what these tests prove is the data path (values,
 accumulation, checkpoints) and what is left where (no gradient staged on the accelerator, the
 accounting's split), not transfer speed.
@@ -30,10 +32,11 @@ STEPS, MICRO_BATCH, SEQ = 3, 2, 16
 CLIP = 0.33
 
 
-def _config(precision, on, gas, params=False):
+def _config(precision, on, gas, params=False, optimizer=True):
     cfg = ds_config(precision, on, micro_batch=MICRO_BATCH, clipping=CLIP,
                     gradient_accumulation_steps=gas, zero_force_ds_cpu_optimizer=False)
-    cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if optimizer:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     if params:
         cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": False}
     return cfg
@@ -77,45 +80,52 @@ def _train(engine, rank, micro_steps, norms=None, boundary_check=None):
     return torch.stack(losses)
 
 
-def _offload_matches_stock(rank, world, precision, gas, params, path):
+def _offload_matches_stock(rank, world, precision, gas, offload, path):
     from deepcompile_remat.deepspeed.accounting import HOST, held_bytes
 
     rank_env(rank, world)
+    params, optimizer = offload in ("parameters", "both"), offload in ("optimizer", "both")
     micro_steps = range(STEPS * gas)
-    stock = _engine(_config(precision, False, gas, params))
-    assert getattr(stock, "dcr_takeover", None) is None and stock.optimizer.offload_optimizer
+    stock = _engine(_config(precision, False, gas, params, optimizer))
+    assert getattr(stock, "dcr_takeover", None) is None
+    assert bool(stock.optimizer.offload_optimizer) == optimizer
     assert stock.optimizer.offload_param == params
     ref_norms, norms = [], []
     ref_losses = _train(stock, rank, micro_steps, ref_norms)
     ref = full_fp32_params(stock)
 
-    ours = _engine(_config(precision, True, gas, params))
+    ours = _engine(_config(precision, True, gas, params, optimizer))
     takeover = ours.dcr_takeover
-    assert takeover.offloads and takeover.per_parameter_gradients
+    assert takeover.offloads == optimizer and takeover.per_parameter_gradients
     assert takeover.offloads_parameters == params
+    # offload_param alone: the gradients go back to the accelerator, where the master is
+    assert takeover.grad_device == (torch.device("cpu") if params and not optimizer else None)
     # offload_param: each gather copies its host shard to the accelerator first (a no-op on a
     # CPU accelerator; the spec says where the gather runs)
     devices = {spec.device for m in ours.module.modules() for spec in specs_of(m).values()}
     assert devices == ({torch.device("cpu")} if params else {None}), devices
-    # The master is on the host: the forward gathers DeepSpeed's own partitions on the
-    # accelerator (16-bit under "bf16", which DeepSpeed rewrites from the master each step).
+    # The master is on the host, or the 16-bit partitions are: the forward gathers DeepSpeed's
+    # own partitions (16-bit under "bf16", which DeepSpeed rewrites from the master each step).
     assert takeover.sixteen_bit is None
     assert {leaf.dtype for _, leaf in takeover.leaves} == {
         torch.bfloat16 if precision == "bf16" else torch.float32}
     initial = full_fp32_params(ours)
-    losses = _train(ours, rank, micro_steps, norms, _nothing_staged_on_the_accelerator)
+    losses = _train(ours, rank, micro_steps, norms,
+                    _nothing_staged_on_the_accelerator if optimizer else None)
     torch.testing.assert_close(losses, ref_losses, rtol=0, atol=1e-3)
     assert len(norms) == STEPS and min(ref_norms) < CLIP < max(ref_norms), ref_norms
     torch.testing.assert_close(torch.tensor(norms), torch.tensor(ref_norms), rtol=1e-2, atol=0)
     assert_weights_match_and_moved(full_fp32_params(ours), ref, initial, atol=2e-3,
                                    min_move=0.05)
 
-    # Where the bytes are: the master and the optimizer states on the host for both; at rest
-    # the takeover holds no gradient on the accelerator, stock DeepSpeed its flat buffer.
+    # Where the bytes are: the master and the optimizer states on the host for both under
+    # optimizer offload, on the accelerator without it; at rest the takeover holds no
+    # gradient on the accelerator, stock DeepSpeed its flat buffer.
     mine, theirs = held_bytes(ours), held_bytes(stock)
+    where = HOST if optimizer else ""
     for held in (mine, theirs):
-        assert held.by_owner.get("fp32 partitions" + HOST, 0) > 0, held.table()
-        assert held.by_owner.get("optimizer states" + HOST, 0) > 0, held.table()
+        assert held.by_owner.get("fp32 partitions" + where, 0) > 0, held.table()
+        assert held.by_owner.get("optimizer states" + where, 0) > 0, held.table()
     assert "gradient partitions" in theirs.by_owner and "gradient partitions" not in mine.by_owner
     for held in (mine, theirs):  # offload_param: the 16-bit partitions on the host, both
         on_host = held.by_owner.get("parameter partitions" + HOST, 0) > 0
@@ -131,20 +141,21 @@ def _offload_matches_stock(rank, world, precision, gas, params, path):
                                atol=1e-3)
     stock.save_checkpoint(path, tag="stock")
     after_stock = _train(stock, rank, range(200, 200 + gas))
-    back = _engine(_config(precision, True, gas, params), seed=3)
+    back = _engine(_config(precision, True, gas, params, optimizer), seed=3)
     back.load_checkpoint(path, tag="stock")
     torch.testing.assert_close(_train(back, rank, range(200, 200 + gas)), after_stock, rtol=0,
                                atol=1e-3)
 
 
-@pytest.mark.parametrize("precision,gas,params", [("bf16", 2, False), ("autocast", 1, False),
-                                                  ("bf16", 1, True), ("autocast", 2, True)])
-def test_offload_trains_like_stock_offload(tmp_path, precision, gas, params):
-    """offload_optimizer "cpu", and with `params` offload_param "cpu" too, under the takeover
-    (before: refused). Silent bugs guarded: a
+@pytest.mark.parametrize("precision,gas,offload", [
+    ("bf16", 2, "optimizer"), ("autocast", 1, "optimizer"), ("bf16", 1, "both"),
+    ("autocast", 2, "both"), ("bf16", 2, "parameters"), ("autocast", 1, "parameters")])
+def test_offload_trains_like_stock_offload(tmp_path, precision, gas, offload):
+    """offload_optimizer "cpu", offload_param "cpu", or both, under the takeover (before:
+    refused; offload_param without offload_optimizer until issue 42). Silent bugs guarded: a
     gradient that never reaches the host's fp32 gradient (DeepSpeed steps on stale values) or
     reaches it twice, accumulation over micro-batches lost at the boundary, clipping reading
     norms of the wrong gradients, the 16-bit partitions not rewritten from the host master
     after a step (the forward would gather stale weights), a gradient staged whole on the
     accelerator, checkpoints that do not cross with stock offload."""
-    run_ranks(_offload_matches_stock, 2, precision, gas, params, str(tmp_path))
+    run_ranks(_offload_matches_stock, 2, precision, gas, offload, str(tmp_path))

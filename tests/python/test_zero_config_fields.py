@@ -28,11 +28,10 @@ from deepcompile_remat.deepspeed.zero_fields import (HONOURED, REFUSED, REPLACED
 # the key itself (a deprecated spelling is named by what DeepSpeed reads it as).
 REFUSED_AT = {
     "stage": (2, "zero_optimization.stage"),
-    "offload_param": ({"device": "cpu"}, "zero_optimization.offload_param"),
+    "offload_param": ({"device": "nvme", "nvme_path": "/tmp"}, "zero_optimization.offload_param"),
     "offload_optimizer": ({"device": "nvme", "nvme_path": "/tmp"},
                           "zero_optimization.offload_optimizer"),
     "zenflow": ({"topk_ratio": 0.1}, "zero_optimization.zenflow"),
-    "cpu_offload_param": (True, "zero_optimization.offload_param"),
     "zero_quantized_weights": (True, "zero_optimization.zero_quantized_weights"),
     "zero_quantized_nontrainable_weights": (
         True, "zero_optimization.zero_quantized_nontrainable_weights"),
@@ -103,6 +102,15 @@ def test_the_quantized_flags_are_taken_over_when_off():
     flags = {"zero_quantized_weights": False, "zero_quantized_nontrainable_weights": False,
              "zero_quantized_gradients": False, "zenflow": None}
     DeepSpeedSettings.from_config(_config(**flags), "ds.json").check_enabled()
+
+
+def test_parameter_offload_alone_is_taken_over():
+    """offload_param "cpu" (or its deprecated spelling) without offload_optimizer: refused until
+    issue 42, taken over now (test_deepspeed_offload trains it against stock DeepSpeed)."""
+    for zero in ({"offload_param": {"device": "cpu"}}, {"cpu_offload_param": True}):
+        settings = DeepSpeedSettings.from_config(_config(**zero), "ds.json")
+        settings.check_enabled()
+        assert settings.offload_param == "cpu" and settings.offload_optimizer is None, zero
 
 
 def _warnings_of(caplog, cfg) -> list:
