@@ -46,6 +46,8 @@ AdamW step, gradients released).
     deepspeed-lean-offload /        the lean knobs / our block, with "offload_optimizer" on
     ours-deepspeed-offload          the host ("cpu"; a torch AdamW stepped there): held bytes
                                     name what is on the host ("[host]")
+    ...-offload-params / -all       the same with "offload_param" on the host instead of
+                                    "offload_optimizer" / with both (axolotl's "all")
 
 Precision "autocast": fp32 parameters and bf16 compute (ours and DeepSpeed: torch.autocast;
 FSDP2: its MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), how FSDP2 does it).
@@ -170,17 +172,18 @@ def _deepspeed_available() -> None:
 
 
 def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool, remat: dict,
-               offload: bool = False) -> dict:
+               offload: tuple = ()) -> dict:
     zero = {"stage": 3}
-    if offload:  # DeepSpeed's optimizer on the host; a torch optimizer (no cpu_adam build)
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    for what in offload:  # "optimizer" on the host: a torch optimizer there (no cpu_adam build)
+        zero[f"offload_{what}"] = {"device": "cpu", "pin_memory": False}
     if lean:
         zero.update(stage3_max_live_parameters=0, stage3_max_reuse_distance=0,
                     stage3_prefetch_bucket_size=0, stage3_param_persistence_threshold=0,
                     reduce_bucket_size=w.hidden * w.hidden)
     cfg = {"train_micro_batch_size_per_gpu": w.batch, "gradient_accumulation_steps": 1,
            "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True,
-           "zero_optimization": zero, "zero_force_ds_cpu_optimizer": not offload}
+           "zero_optimization": zero,
+           "zero_force_ds_cpu_optimizer": "optimizer" not in offload}
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     else:
@@ -191,10 +194,11 @@ def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool, remat: di
 
 
 def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = False,
-              offload: bool = False):
+              offload: tuple = ()):
     """A stock DeepSpeed ZeRO-3 peer: DeepSpeed's defaults, or its least-memory knobs with
     `lean`; engine.compile with `compiled`; our "deepcompile_remat" block with `ours_on`;
-    the optimizer offloaded to the host with `offload`. Returns the peer's factory."""
+    what `offload` names ("optimizer", "param") offloaded to the host. Returns the peer's
+    factory."""
     def make(w: Workload, precision: str, device, remat: dict) -> System:
         _deepspeed_available()
         if torch.device(device).type == "cpu":
@@ -269,7 +273,9 @@ PEERS: dict = {
                                               bucket_element_bytes=4),
     "ours-inductor-mp": ours("inductor", mixed_precision=True),
     "ours-deepspeed": deepspeed(lean=False, ours_on=True),
-    "ours-deepspeed-offload": deepspeed(lean=False, ours_on=True, offload=True),
+    "ours-deepspeed-offload": deepspeed(ours_on=True, offload=("optimizer",)),
+    "ours-deepspeed-offload-params": deepspeed(ours_on=True, offload=("param",)),
+    "ours-deepspeed-offload-all": deepspeed(ours_on=True, offload=("optimizer", "param")),
     "fsdp2-block": fsdp2("block"),
     "fsdp2-block-compiled": fsdp2("block", compiled=True),
     "fsdp2-module": fsdp2("module"),
@@ -277,5 +283,7 @@ PEERS: dict = {
     "deepspeed-lean": deepspeed(lean=True),
     "deepspeed-compiled": deepspeed(compiled=True),
     "deepspeed-lean-compiled": deepspeed(lean=True, compiled=True),
-    "deepspeed-lean-offload": deepspeed(lean=True, offload=True),
+    "deepspeed-lean-offload": deepspeed(lean=True, offload=("optimizer",)),
+    "deepspeed-lean-offload-params": deepspeed(lean=True, offload=("param",)),
+    "deepspeed-lean-offload-all": deepspeed(lean=True, offload=("optimizer", "param")),
 }
