@@ -40,8 +40,8 @@ where it casts to 16 bits: zero3/passes.py, narrow_host_copies), and each gradie
 the host, where an offloaded optimizer reads it; with the optimizer on the accelerator it goes
 back there to DeepSpeed's slot (Takeover.grad_device): one more copy of a gradient partition
 over the host link than stock DeepSpeed, whose reduce-scatter writes the slot in place.
-The engine's own backward epilogue then runs unchanged (empty reduce buckets): optimizer step, clipping,
-overflow checks and checkpoints read the partitions as they always do.
+The engine's own backward epilogue then runs unchanged (empty reduce buckets): optimizer
+step, clipping, overflow checks and checkpoints read the partitions as they always do.
 
 What the takeover reads of the config is its DeepSpeedSettings (config.py); every patch it makes
 to DeepSpeed (methods of the optimizer and engine, flags, hook handles, engine.dcr_takeover) is
