@@ -28,6 +28,7 @@ import torch._inductor.config as inductor_config
 from dcr_bench.profile import cut_quality
 
 ARCH = "resnet-basic"
+_stock_build = cut_quality.build
 
 
 def _build(arch: str, scale: int = 1, *, side: int):
@@ -41,9 +42,6 @@ def _build(arch: str, scale: int = 1, *, side: int):
         hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1], layer_type="basic",
         num_labels=10)
     return model.train(), inputs
-
-
-_stock_build = cut_quality.build
 
 
 def main(reorder: str, side: int) -> None:

@@ -99,15 +99,14 @@ def fp32_partitions_created_as_aliases(adapter: DeepSpeedAdapter):
     creates its fp32 partitions with its device as a torch.device instead of a string, so its
     own test for "the parameter partitions are fp32 already" (alias_fp32_partitions) holds and
     it makes the aliases it means to, never the copies the takeover would free after the build
-    (4 bytes per parameter under torch_autocast). Recorded by `adapter`, put back on exit."""
+    (4 bytes per parameter under torch_autocast), where master_beside_parameter_partitions.
+    Recorded by `adapter`, put back on exit."""
     stage3 = stage3_optimizer_class()
     create = stage3._create_fp32_partitions
 
     def create_fp32_partitions(self, *args, **kwargs):
         named = self.device
-        # Not under parameter offload: the partitions are on the host and the master is not
-        # (on a CPU accelerator both only look like one device; a GPU's copy is DeepSpeed's).
-        if isinstance(named, str) and not self.offload_param:
+        if isinstance(named, str) and master_beside_parameter_partitions(self):
             self.device = torch.device(named)
         try:
             return create(self, *args, **kwargs)
@@ -115,6 +114,13 @@ def fp32_partitions_created_as_aliases(adapter: DeepSpeedAdapter):
             self.device = named
 
     return adapter.replaced(stage3, "_create_fp32_partitions", create_fp32_partitions)
+
+
+def master_beside_parameter_partitions(optimizer) -> bool:
+    """Whether DeepSpeed's fp32 master and its parameter partitions belong on one device, so
+    that under torch_autocast one may alias the other: neither is offloaded (an offloaded one
+    belongs on the host; on a CPU accelerator it only looks like the same device)."""
+    return not optimizer.offload_optimizer and not optimizer.offload_param
 
 
 def alias_fp32_partitions(optimizer) -> int:
@@ -127,11 +133,9 @@ def alias_fp32_partitions(optimizer) -> int:
     share that partition's storage, as DeepSpeed intended: the optimizer updates the parameter
     partitions in place and DeepSpeed's copy back after the step (fp16 <- fp32) copies a tensor
     onto itself. A checkpoint load writes through the alias (fp32_partitioned_groups_flat[i]
-    .data.copy_). Not under optimizer offload, where the master belongs on the host, nor under
-    parameter offload, where the partitions do and the master does not (on a CPU accelerator
-    either only looks like a copy on the same device). Returns the bytes released."""
+    .data.copy_). Only where master_beside_parameter_partitions. Returns the bytes released."""
     released = 0
-    if optimizer.offload_optimizer or optimizer.offload_param:
+    if not master_beside_parameter_partitions(optimizer):
         return 0
     for lp, hp in zip(optimizer.fp16_partitioned_groups_flat,
                       optimizer.fp32_partitioned_groups_flat):

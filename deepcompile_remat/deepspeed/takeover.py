@@ -236,8 +236,9 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
         grad, leaf.grad = leaf.grad, None
         if grad is None or not holds_data:
             return
-        if takeover.grad_device is not None:
-            grad = grad.to(takeover.grad_device)
+        # Where the slot is read: the accelerator under offload_param alone, else where the
+        # gradient arrived. Moved and cast in one copy, where the slot is filled.
+        device = takeover.grad_device or grad.device
         # DeepSpeed's rule (partition_grads): the first micro-batch after a step replaces the
         # slot, the next ones (and a second use in this one) add to it.
         again = p.ds_id in takeover.written  # a second gradient in this micro-batch
@@ -246,19 +247,19 @@ def _grad_hook(takeover: Takeover, optimizer, p, spec: ShardSpec):
         if takeover.per_parameter_gradients:
             slot = ds.grad_partition(optimizer, p)
             if slot.device.type == "meta" and again and takeover.offloads:
-                slot = ds.host_grad_partition(optimizer, p).to(grad.device)  # sent already
+                slot = ds.host_grad_partition(optimizer, p).to(device)  # sent already
             if replace or slot.device.type == "meta":
-                slot = grad.to(slot.dtype)
+                slot = grad.to(device, slot.dtype)
                 ds.set_grad_partition(optimizer, p, slot)  # kept, not copied
             else:
-                slot.add_(grad.to(slot.dtype))
+                slot.add_(grad.to(device, slot.dtype))
         else:
             ds.restore_grad_partitions(optimizer)  # freed since the last step: back, zeroed
             slot = ds.grad_partition(optimizer, p).narrow(0, 0, grad.numel())
             if replace:
                 slot.copy_(grad)
             else:
-                slot.add_(grad.to(slot.dtype))
+                slot.add_(grad.to(device, slot.dtype))
         if takeover.offloads:
             _to_host_at_boundary(takeover, optimizer, p, slot)
 

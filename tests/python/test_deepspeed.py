@@ -730,7 +730,7 @@ def _disabled_and_unsupported(rank, world):
     assert dcr.reports() == []
 
     # Enabled on what the takeover does not implement: refused from the config, naming it.
-    refused = (r"cannot take over this DeepSpeed engine: gradient_predivide_factor 2.0 != 1.0")
+    refused = r"cannot take over this DeepSpeed engine: gradient_predivide_factor 2.0 != 1.0"
     cfg = _config("bf16", True, gradient_predivide_factor=2.0)
     with pytest.raises(ValueError, match=refused):
         model = GPT()

@@ -6,10 +6,10 @@ Under optimizer offload DeepSpeed's fp32 master, its gradients and the optimizer
 the host and DeepSpeed steps them there; the takeover's backward sends each gradient partition
 to the host at the accumulation boundary as it is produced (takeover._to_host_at_boundary).
 Under parameter offload the shard leaves are DeepSpeed's 16-bit partitions on the host; with
-the optimizer on the accelerator their gradients go back there (Takeover.grad_device). On a CPU accelerator
-host and accelerator are one memory, so what these tests prove is the data path (values,
-accumulation, checkpoints) and what is left where (no gradient staged on the accelerator, the
-accounting's split), not transfer speed.
+the optimizer on the accelerator their gradients go back there (Takeover.grad_device). On a
+CPU accelerator host and accelerator are one memory, so what these tests prove is the data
+path (values, accumulation, checkpoints) and what is left where (no gradient staged on the
+accelerator, the accounting's split), not transfer speed.
 """
 import os
 
