@@ -1,7 +1,9 @@
 """Runs a test function on N ranks over gloo.
 
-Rank processes are started once per test file (per world size and backend) and kept: each
-case's function runs in them one after another (a _RankPool), each with a fresh compile state
+Rank processes are started once per test file and world size and backend, and kept while the
+file runs (a file whose cases alternate between 1 and 2 ranks starts two pools, not one a
+switch): each case's function runs in them one after another (a _RankPool), each with a fresh
+compile state
 (dynamo reset, caches off, our reports cleared, torch's seed as a new process has it), so a
 case pays no process start, torch and DeepSpeed import or rendezvous (about 8 s a case on 2
 cores). A case that fails, hangs or destroys the group ends its pool (the next case starts a new
@@ -113,13 +115,19 @@ def _serve(rank, world, port, backend, conn) -> None:
         dist.destroy_process_group()
 
 
+def _environment() -> dict:
+    """The environment a rank process inherits, less pytest's per-case PYTEST_CURRENT_TEST
+    (which differs for every case: comparing it would start new processes for each)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+
 class _RankPool:
     """`world` kept rank processes (module docstring), for the cases of one test file."""
 
     def __init__(self, world: int, backend: str, owner: str):
         import torch.multiprocessing as mp
 
-        self.key, self.env = (world, backend, owner), dict(os.environ)
+        self.key, self.env = (world, backend, owner), _environment()
         ctx, port = mp.get_context("spawn"), free_port()
         self.conns, self.procs = [], []
         for rank in range(world):
@@ -170,21 +178,30 @@ class _RankPool:
                 proc.join()
 
 
-_pool: "list[_RankPool]" = []  # at most one: the current file's
+_pools: "dict[tuple, _RankPool]" = {}  # (world, backend) -> pool, all of the current file
 
 
 @atexit.register
-def _close_pool() -> None:
-    while _pool:
-        _pool.pop().close()
+def _close_pools() -> None:
+    while _pools:
+        _pools.popitem()[1].close()
+
+
+def _close_pool(key: tuple) -> None:
+    pool = _pools.pop(key, None)
+    if pool is not None:
+        pool.close()
 
 
 def _pool_for(world: int, backend: str, owner: str) -> _RankPool:
-    if _pool and (_pool[0].key != (world, backend, owner) or not _pool[0].alive):
-        _close_pool()
-    if not _pool:
-        _pool.append(_RankPool(world, backend, owner))
-    return _pool[0]
+    if any(pool.key[2] != owner for pool in _pools.values()):
+        _close_pools()  # a new file: its module's registrations start from nothing
+    key = (world, backend)
+    if key in _pools and not _pools[key].alive:
+        _close_pool(key)
+    if key not in _pools:
+        _pools[key] = _RankPool(world, backend, owner)
+    return _pools[key]
 
 
 RANKS_TIMEOUT_S = 300.0
@@ -197,7 +214,7 @@ def run_ranks(fn, world: int = 2, *args, timeout_s: float = RANKS_TIMEOUT_S,
     hang in a collective). The processes are the test file's kept ones (module docstring)
     unless `fresh` or the environment changed since they started."""
     pool = None if fresh else _pool_for(world, backend, fn.__module__)
-    if pool is not None and pool.env != dict(os.environ):
+    if pool is not None and pool.env != _environment():
         pool = None
     if pool is None:
         try:
@@ -211,7 +228,7 @@ def run_ranks(fn, world: int = 2, *args, timeout_s: float = RANKS_TIMEOUT_S,
         error = pool.run(fn, args, timeout_s)
         if error is None:
             return
-        _close_pool()
+        _close_pool((world, backend))
     if error == "timeout":
         raise AssertionError(
             f"{fn.__name__} on {world} ranks did not finish in {timeout_s:.0f} s: a hang "
