@@ -16,6 +16,7 @@ import copy
 import faulthandler
 import multiprocessing.connection
 import os
+import sys
 import time
 import traceback
 
@@ -76,7 +77,8 @@ _NEW_PROCESS_SEED = 67280421310721
 
 def _fresh_state() -> None:
     """What a case finds in a new rank process: nothing compiled, no report, no secondary or
-    replicate group set for a group by an earlier case, torch's first seed."""
+    replicate group set for a group by an earlier case, torch's first seed, no DeepSpeed
+    autocast dtype left by an earlier engine."""
     import torch._dynamo
 
     import deepcompile_remat
@@ -87,6 +89,12 @@ def _fresh_state() -> None:
     custom_ops._secondary_groups.clear()
     custom_ops._replicate_groups.clear()
     torch.manual_seed(_NEW_PROCESS_SEED)
+    autocast = sys.modules.get("deepspeed.runtime.torch_autocast")
+    if autocast is not None:
+        # DeepSpeed keeps the last torch_autocast engine's dtype in module globals, never
+        # reset: a later engine without autocast then sizes its reduce buckets for the wrong
+        # dtypes (stage3's ipg_buckets: KeyError bfloat16). A new process starts without it.
+        autocast.TORCH_AUTOCAST_INITIALIZED, autocast.TORCH_AUTOCAST_DTYPE = False, None
 
 
 def _serve(rank, world, port, backend, conn) -> None:
