@@ -6,8 +6,9 @@ switch): each case's function runs in them one after another (a _RankPool), each
 compile state (dynamo reset, caches off, our reports cleared, torch's seed as a new process
 has it), so a case pays no process start, torch and DeepSpeed import or rendezvous (2-8 s a
 case on 2 cores). A case that fails, hangs or destroys the group ends its pool (the next case
-starts a new one); a case whose environment differs from the pool's (monkeypatch.setenv) or that asks for it
-(fresh=True) gets processes of its own (the harness's rank spawner, a free local port).
+starts a new one); a case whose environment differs from the pool's (monkeypatch.setenv) or
+that asks for it (fresh=True) gets processes of its own (the harness's rank spawner, a free
+local port).
 """
 import atexit
 import contextlib
