@@ -46,8 +46,9 @@ def make_partition_fn(config: Optional[RematConfig] = None, *,
     what both backends use. A disabled config (RematConfig(enabled=False)) gives torch's own
     min_cut_rematerialization_partition: off means off wherever the config is passed.
     topology: the process-group layout (zero3/topology.py; None: read from each joint graph).
-    fuses_pointwise: whether the graphs' compiler fuses pointwise ops into their consumers
-    (inductor: True; the eager backend: False), for peak-target mode's memory simulation."""
+    fuses_pointwise: whether the graphs' compiler is inductor (True), which fuses pointwise
+    ops into their consumers (peak-target mode's memory simulation) and saves conv weights as
+    channels-last copies (the cut prices them), or the eager backend (False)."""
     config = _checked_config(config)
     if not config.enabled:
         from torch._functorch.partitioners import min_cut_rematerialization_partition

@@ -55,6 +55,10 @@ enum NodeFlag : uint32_t {
                                 // recomputation apply) even where no forward output needs it:
                                 // a value computed for the backward only, from forward values
                                 // that the backward will not have (ZeRO-3's secondary shards)
+  kCopiedWhenSaved = 1u << 11,  // an input the compiler re-lays out when the forward hands it
+                                // to the backward (inductor stores a conv net's 4-D inputs
+                                // channels-last): saving it writes a copy, so it costs its
+                                // bytes even when static, and it roots no parameter aliases
 };
 
 // CheckpointPolicy tags from node.meta["recompute"] (torch.utils.checkpoint.CheckpointPolicy).

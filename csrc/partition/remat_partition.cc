@@ -46,10 +46,15 @@ std::vector<uint8_t> ClassifyRegions(const JointGraphView& g, const Adjacency& a
 
 // --- MarkParameterAliases ----------------------------------------------------------------------
 // alias_of[v] = the parameter node v derives from through gathers/views/casts/getitems, or -1.
+// A parameter the compiler copies when it is saved roots none: the marking trades saving an
+// alias for saving the parameter, which is free only where no copy is written (a conv weight
+// under inductor's channels-last layout would be saved as a full-precision copy, twice the
+// bytes of the bf16 cast the marking refused to save).
 std::vector<int64_t> MarkParameterAliases(const JointGraphView& g, const Adjacency& adj) {
   std::vector<int64_t> alias_of(g.num_nodes, -1);
   for (int64_t v = 0; v < g.num_nodes; ++v) {
-    const int64_t root = Has(g, v, kParameter) ? v : alias_of[v];
+    const bool root_here = Has(g, v, kParameter) && !Has(g, v, kCopiedWhenSaved);
+    const int64_t root = root_here ? v : alias_of[v];
     if (root < 0) continue;
     adj.ForEachUser(v, [&](int64_t u) {
       switch (ClassOf(g, u)) {
@@ -253,7 +258,7 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
       cost = kInf, why = ArcWhy::kCannotSaveSymFloat;
     } else if (Has(g, v, kNonTensor)) {
       cost = kInf, why = ArcWhy::kCannotSaveNonTensor;
-    } else if (Has(g, v, kStaticInput)) {
+    } else if (Has(g, v, kStaticInput) && !Has(g, v, kCopiedWhenSaved)) {
       cost = 0.0;
     } else if (Has(g, v, kSymInt)) {
       cost = g.bytes[v];

@@ -7,12 +7,15 @@
 //                          forward outputs need, nodes the backward outputs need;
 //   MarkParameterAliases   ZeRO-3: every node reached from a parameter through gathers, views,
 //                          casts and getitems must be recomputed, so the backward reads the
-//                          parameter (its shard) itself, never a gathered or downcast copy;
+//                          parameter (its shard) itself, never a gathered or downcast copy
+//                          (not from a parameter saved as a copy: kCopiedWhenSaved);
 //   ApplyCheckpointTags    CheckpointPolicy tags, with the ac_graph_id boundary rule: a tagged
 //                          node feeding a later checkpoint region is saved, not recomputed
 //                          (parameter aliases excepted: they are re-gathered, never saved);
 //   BuildRematNetwork      node-split flow network (v_in -> v_out carries the cost of saving v):
-//                            cost(v) = 0          static inputs (parameters, buffers live anyway)
+//                            cost(v) = 0          static inputs (parameters, buffers live
+//                                                 anyway), unless the compiler copies them
+//                                                 when saved (kCopiedWhenSaved: 1 x bytes)
 //                                      1 x bytes  materialized values (inputs, outputs of
 //                                                 non-fusible ops, values with a non-fusible user,
 //                                                 values read on both sides of a non-fusible op

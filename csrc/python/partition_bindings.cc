@@ -50,7 +50,8 @@ void BindPartition(py::module_& m) {
       .value("SYM_FLOAT", kSymFloat)
       .value("MUST_BE_IN_BACKWARD", kMustBeInBackward)
       .value("RNG_REPLAYABLE", kRngReplayable)
-      .value("PINNED_TO_FORWARD", kPinnedToForward);
+      .value("PINNED_TO_FORWARD", kPinnedToForward)
+      .value("COPIED_WHEN_SAVED", kCopiedWhenSaved);
 
   py::enum_<RecomputeTag>(m, "RecomputeTag", py::arithmetic(),
                           "A node's CheckpointPolicy tag (node.meta['recompute']).")

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch.fx as fx
 
 from deepcompile_remat.config import RematConfig
-from deepcompile_remat.partition import budget, cut, fx_export, offload, report
+from deepcompile_remat.partition import budget, cut, fx_export, layouts, offload, report
 from deepcompile_remat.partition.simulate import step_peak
 from deepcompile_remat.planning import peak_target
 from deepcompile_remat.zero3.runtime import Zero3Runtime, summary_of
@@ -56,8 +56,9 @@ def partition_joint_graph(
     process-group layout the runtime's passes read (None: read now from the groups the joint
     graph names). torch_passes: clean and extract with the passes ours replaced (FX's DCE,
     torch's fx_graph_cse and extraction helper), the same cut otherwise; bench-partition
-    measures "before" against "after" with it. fuses_pointwise: the compiler fuses pointwise
-    ops (inductor), for peak-target mode's memory simulation."""
+    measures "before" against "after" with it. fuses_pointwise: the compiler is inductor,
+    which fuses pointwise ops (peak-target mode's memory simulation) and saves a conv net's
+    weights as channels-last copies (partition/layouts.py: the cut prices those copies)."""
     # Lazy GraphModules (as inductor compiles them): code is generated on first call, not here.
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
@@ -80,7 +81,9 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
     t0 = time.perf_counter()
     graph = fx_export.export_joint_graph(
         joint_module, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=static,
-        parameter_indices=parameter_indices)
+        parameter_indices=parameter_indices,
+        copied_when_saved=(layouts.copied_when_saved(joint_module, num_fwd_outputs)
+                           if fuses_pointwise else ()))
     t1 = time.perf_counter()
     parameter_names = cut.parameter_names_of(graph)
     static_nodes = cut.static_nodes_of(joint_module, static)

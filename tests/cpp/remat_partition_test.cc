@@ -176,6 +176,31 @@ TEST(RematPartition, ParameterAliasesAreRecomputedNotSaved) {
   EXPECT_EQ(unmarked.saved_nodes, Ids({m.x, m.cast}));
 }
 
+// A conv weight under bf16 autocast, compiled by inductor: the weight is re-laid out
+// channels-last when the forward hands it over, so saving it writes a full-precision copy.
+// Flagged kCopiedWhenSaved it costs its bytes, its cast is no alias, and the cut saves the
+// bf16 cast (half the bytes), as torch's partitioner does; unflagged, it is free and the cast
+// is recomputed from it.
+TEST(RematPartition, AParameterCopiedWhenSavedCostsItsBytesAndRootsNoAliases) {
+  for (bool copied : {false, true}) {
+    GraphBuilder g;
+    const int64_t w = g.Add(OpClass::kPlaceholder, {}, 4 << 20,
+                            kPrimal | kStaticInput | kParameter | (copied ? kCopiedWhenSaved : 0));
+    const int64_t x = g.Primal(4096);
+    const int64_t t = g.Tangent(4096);
+    const int64_t cast = g.Add(OpClass::kCast, {w}, 2 << 20);
+    const int64_t y = g.Add(OpClass::kComputeIntensive, {x, cast}, 4096);
+    const int64_t gx = g.Add(OpClass::kComputeIntensive, {t, cast}, 4096);
+    const int64_t gw = g.Add(OpClass::kComputeIntensive, {x, t}, 2 << 20);
+    g.fwd_outputs = {y};
+    g.bwd_outputs = {gx, gw};
+    const PartitionResult r = g.Solve();
+    EXPECT_EQ(r.saved_nodes, copied ? Ids({x, cast}) : Ids({w, x})) << copied;
+    EXPECT_EQ(static_cast<bool>(r.node_info[cast] & kParameterAlias), !copied);
+    EXPECT_DOUBLE_EQ(r.cut_cost, copied ? 4096.0 + (2 << 20) : 4096.0);
+  }
+}
+
 // A checkpoint-tagged (PREFER_RECOMPUTE) region feeding a later region: the boundary value is
 // saved, the interior recomputed, even for compute-intensive ops.
 TEST(RematPartition, CheckpointTagsAndRegionBoundaries) {
