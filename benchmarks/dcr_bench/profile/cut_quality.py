@@ -23,7 +23,8 @@ import time
 
 NAME = "cut-quality"
 
-ARCHITECTURES = ("llama", "qwen2", "gpt2", "t5", "bert", "convnext", "resnet", "vit")
+ARCHITECTURES = ("llama", "qwen2", "gpt2", "t5", "bert", "convnext", "resnet", "resnet-basic",
+                 "vit")
 PRECISIONS = ("fp32", "bf16")  # bf16: CPU autocast
 
 
@@ -89,6 +90,10 @@ def build(arch: str, scale: int = 1):
         model, inputs = _vision("ResNetForImageClassification", "ResNetConfig", 4, image,
                                 embedding_size=32, hidden_sizes=[32, 64, 128, 256],
                                 depths=[1, 1, 1, 1], num_labels=10)
+    elif arch == "resnet-basic":  # 3x3 convs only: the weights inductor saves as copies
+        model, inputs = _vision("ResNetForImageClassification", "ResNetConfig", 4, image,
+                                embedding_size=32, hidden_sizes=[32, 64, 128, 256],
+                                depths=[1, 1, 1, 1], layer_type="basic", num_labels=10)
     elif arch == "vit":
         model, inputs = _vision("ViTForImageClassification", "ViTConfig", 4, image,
                                 image_size=image, patch_size=8, hidden_size=256,
@@ -283,11 +288,11 @@ def verdicts(rows: list, peak_tolerance: float, time_tolerance: float) -> list:
 
 def table(lines: list) -> str:
     """The verdicts as a text table."""
-    head = (f"{'arch':<9}{'kind':<9}{'prec':<6}{'torch MB':>10}{'ours MB':>10}{'peak':>8}"
+    head = (f"{'arch':<13}{'kind':<9}{'prec':<6}{'torch MB':>10}{'ours MB':>10}{'peak':>8}"
             f"{'torch s':>9}{'ours s':>9}{'time':>8}  verdict")
     rows = [head, "-" * len(head)]
     for v in lines:
-        rows.append(f"{v['arch']:<9}{v['kind']:<9}{v['precision']:<6}{v['torch_peak_mb']:>10.1f}"
+        rows.append(f"{v['arch']:<13}{v['kind']:<9}{v['precision']:<6}{v['torch_peak_mb']:>10.1f}"
                     f"{v['ours_peak_mb']:>10.1f}{(v['peak_ratio'] - 1) * 100:>+7.1f}%"
                     f"{v['torch_step_s']:>9.3f}{v['ours_step_s']:>9.3f}"
                     f"{(v['time_ratio'] - 1) * 100:>+7.1f}%  "
