@@ -35,6 +35,10 @@ from deepcompile_remat.fx_values import is_alias, value_bytes
 # ON_HOST: the node's value lives in host memory (partition/offload.py's copies), which the
 # memory simulator does not count (memory_graph allocates it 0 bytes).
 ON_HOST = "partition_on_host"
+# COPIED_WHEN_SAVED: a placeholder the compiler writes out as a copy when the forward saves it
+# (partition/layouts.py: inductor's channels-last conv weights): the cut prices saving it
+# (NodeFlag.COPIED_WHEN_SAVED) and the memory simulator counts a saved one's copy.
+COPIED_WHEN_SAVED = "partition_copied_when_saved"
 PIN_TO_FORWARD = "partition_pin_to_forward"
 RECOMPUTE_PRICE = "partition_recompute_price"
 OP_CLASS = "partition_op_class"

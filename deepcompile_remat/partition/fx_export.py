@@ -6,14 +6,15 @@ bridge from FX to the C++ core (node ids are FX order, a topological order; size
 from __future__ import annotations
 
 import functools
-from typing import Container, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from deepcompile_remat import _C, fx_arrays
-from deepcompile_remat.fx_arrays import PIN_TO_FORWARD, ExportedJointGraph, NodeFacts
+from deepcompile_remat.fx_arrays import (COPIED_WHEN_SAVED, PIN_TO_FORWARD, ExportedJointGraph,
+                                         NodeFacts)
 from deepcompile_remat.fx_values import value_bytes
 from deepcompile_remat.partition import extract
 from deepcompile_remat.partition.op_classes import OpClass, classify, draws_randomness
@@ -92,12 +93,10 @@ def export_joint_graph(
     num_fwd_outputs: int,
     static_lifetime_input_indices: Iterable[int] = (),
     parameter_indices: Optional[Sequence[int]] = None,
-    copied_when_saved: Container[fx.Node] = (),
 ) -> ExportedJointGraph:
     """The joint graph as the arrays the C++ partition reads (fx_arrays.export_joint_graph),
     each node described by the rules of this module. static_lifetime_input_indices and
-    parameter_indices count primals; copied_when_saved: the placeholders the compiler copies
-    when the forward saves them (layouts.copied_when_saved under inductor)."""
+    parameter_indices count primals."""
     static = set(static_lifetime_input_indices)
     params = set(static if parameter_indices is None else parameter_indices)
     replay = extract.can_replay_rng()
@@ -115,7 +114,7 @@ def export_joint_graph(
                 f |= NodeFlag.STATIC_INPUT
             if primal_index in params:
                 f |= NodeFlag.PARAMETER
-            if node in copied_when_saved:
+            if node.meta.get(COPIED_WHEN_SAVED):
                 f |= NodeFlag.COPIED_WHEN_SAVED
             primal_index += 1
         elif is_tangent(node) or is_bwd_seed(node):

@@ -9,6 +9,10 @@ bytes of the cast that torch's partitioner saves instead (benchmarks/README.md, 
 a basic-block ResNet's step peak was 27% above torch's before the cut knew this).
 
     copied = copied_when_saved(joint_module, num_fwd_outputs)   # placeholders
+    mark_copied_when_saved(joint_module, num_fwd_outputs)       # node.meta, for the cut
+
+The mark (fx_arrays.COPIED_WHEN_SAVED) is read where the joint graph is exported (the cut
+prices saving the input) and by the memory simulator (a saved one's copy is counted).
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import logging
 
 import torch
 import torch.fx as fx
+
+from deepcompile_remat.fx_arrays import COPIED_WHEN_SAVED
 
 log = logging.getLogger(__name__)
 
@@ -77,4 +83,13 @@ def copied_when_saved(gm: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
                 and not val.is_contiguous(memory_format=torch.channels_last)
                 and torch._prims_common.is_non_overlapping_and_dense_or_false(val)):
             copied.add(n)
+    return copied
+
+
+def mark_copied_when_saved(gm: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
+    """Sets fx_arrays.COPIED_WHEN_SAVED on copied_when_saved(gm, num_fwd_outputs) and
+    returns them."""
+    copied = copied_when_saved(gm, num_fwd_outputs)
+    for n in copied:
+        n.meta[COPIED_WHEN_SAVED] = True
     return copied

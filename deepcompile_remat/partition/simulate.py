@@ -12,6 +12,7 @@ import numpy as np
 import torch.fx as fx
 
 from deepcompile_remat import _C, fx_arrays
+from deepcompile_remat.fx_arrays import COPIED_WHEN_SAVED
 from deepcompile_remat.partition.op_classes import OpClass, classify
 
 _FUSED = (OpClass.POINTWISE, OpClass.CAST)  # ops a fusing compiler inlines into their reader
@@ -49,7 +50,13 @@ def step_peak(fw: fx.GraphModule, bw: fx.GraphModule, persistent_names: Iterable
               fuses_pointwise: bool = True) -> tuple[float, float, float, float]:
     """(step peak, forward peak, backward peak, the forward's resident bytes) of a forward and
     backward pair, graph_peak of each, the backward put on the forward's footing: the
-    parameters it does not read are resident too. The step peak is the larger of the two."""
+    parameters it does not read are resident too. The step peak is the larger of the two.
+    A parameter the backward reads that the compiler saves as a copy
+    (fx_arrays.COPIED_WHEN_SAVED) is no resident input in either graph: the forward holds
+    its copy from the start to the end, the backward until its last use."""
+    copies = {n.name for n in bw.graph.find_nodes(op="placeholder")
+              if n.meta.get(COPIED_WHEN_SAVED)}
+    persistent_names = set(persistent_names) - copies
     fw_peak, fw_resident = graph_peak(fw, persistent_names, fuses_pointwise)
     bw_peak, bw_resident = graph_peak(bw, persistent_names, fuses_pointwise)
     bw_peak += fw_resident - bw_resident

@@ -79,11 +79,11 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
     runtime.rewrite_joint(joint_module, num_fwd_outputs)
     cut.apply_force_save_rules(joint_module)
     t0 = time.perf_counter()
+    if fuses_pointwise:  # inductor: the conv weights it would save as channels-last copies
+        layouts.mark_copied_when_saved(joint_module, num_fwd_outputs)
     graph = fx_export.export_joint_graph(
         joint_module, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=static,
-        parameter_indices=parameter_indices,
-        copied_when_saved=(layouts.copied_when_saved(joint_module, num_fwd_outputs)
-                           if fuses_pointwise else ()))
+        parameter_indices=parameter_indices)
     t1 = time.perf_counter()
     parameter_names = cut.parameter_names_of(graph)
     static_nodes = cut.static_nodes_of(joint_module, static)

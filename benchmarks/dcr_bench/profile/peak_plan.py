@@ -95,7 +95,7 @@ def held(row: dict, ordinary: Optional[dict]) -> str:
 
 def table(rows: list) -> str:
     """The rows as a text table (MB = 2**20 bytes)."""
-    head = (f"{'arch':<9}{'prec':<6}{'target':>8}{'meas MB':>9}{'pred MB':>9}{'err':>8}"
+    head = (f"{'arch':<13}{'prec':<6}{'target':>8}{'meas MB':>9}{'pred MB':>9}{'err':>8}"
             f"{'held':>6}{'step s':>8}{'cpu s':>8}{'1st s':>7}  plan")
     out = [head, "-" * len(head)]
     ordinary = {(r["arch"], r["precision"]): r for r in rows if r["target"] is None}
@@ -103,7 +103,7 @@ def table(rows: list) -> str:
         t = ("none" if r["target"] is None else r["target"] if isinstance(r["target"], str)
              else f"{r['target']:g}")
         if r.get("infeasible"):
-            out.append(f"{r['arch']:<9}{r['precision']:<6}{t:>8}  infeasible: a target "
+            out.append(f"{r['arch']:<13}{r['precision']:<6}{t:>8}  infeasible: a target "
                        f"needs {r['needed_bytes'] / 2**20:.1f} MB (inputs included: the "
                        f"smallest simulated peak with the margin)")
             continue
@@ -114,7 +114,7 @@ def table(rows: list) -> str:
                 f"{r['evaluated']}/{r['candidates']} simulated"
                 + ("" if r["met"] else ", not met: the lowest plan")) if "family" in r else (
             "torch's min-cut" if r["target"] == "torch" else "ordinary")
-        out.append(f"{r['arch']:<9}{r['precision']:<6}{t:>8}{meas:>9.1f}"
+        out.append(f"{r['arch']:<13}{r['precision']:<6}{t:>8}{meas:>9.1f}"
                    f"{(pred / 2**20 if pred is not None else float('nan')):>9.1f}{err:>8}"
                    f"{held(r, ordinary.get((r['arch'], r['precision']))):>6}"
                    f"{r['step_s']:>8.3f}{r['cpu_s']:>8.3f}{r['first_step_s']:>7.1f}  {plan}")
