@@ -66,9 +66,9 @@ def copied_when_saved(gm: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
     channels-last already (a 1x1 conv weight's are: it is saved as it is) and from which the
     forward reaches a convolution (inductor's rule: a value prefers channels-last when a user
     of it does)."""
+    if not gm.graph.find_nodes(op="call_function", target=_CONVOLUTION):
+        return set()  # FX indexes nodes by target: no walk of a graph without convolutions
     forward = _forward_nodes(gm, num_fwd_outputs)
-    if not any(n.target is _CONVOLUTION for n in forward):
-        return set()
     if not _inductor_lays_out_channels_last(forward):
         return set()
     prefers = set()
