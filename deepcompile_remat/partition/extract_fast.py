@@ -385,7 +385,8 @@ def extract_modules(joint_module: fx.GraphModule, saved_values: list, saved_sym_
     values = checked + unchecked
 
     bw_inputs = [*syms, *values, *joint.tangents, *joint.bwd_seeds]
-    kept_bw = joint.subgraph(bw_inputs, joint.bwd_outputs, BACKWARD)
+    if set(values) | set(syms) != saved_set:  # pruned, or symbols bound: another backward
+        kept_bw = joint.subgraph(bw_inputs, joint.bwd_outputs, BACKWARD)
     fw_inputs = [*joint.primals, *joint.fwd_seeds]
     fw_outputs = [*joint.fwd_outputs, *values, *syms]
     kept_fw = joint.subgraph(fw_inputs, fw_outputs, FORWARD)

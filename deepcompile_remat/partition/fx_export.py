@@ -52,12 +52,18 @@ def is_primal(n: fx.Node) -> bool:
     return n.op == "placeholder" and not (is_tangent(n) or is_fwd_seed(n) or is_bwd_seed(n))
 
 
-def _must_be_in_backward(n: fx.Node) -> bool:
+@functools.lru_cache(maxsize=1)
+def _torch_must_be_in_backward():
     try:  # torch's own rule (partitioner tags, mutations in backward); absent in old builds
         from torch._functorch.partitioners import _must_be_in_backward as torch_rule
     except ImportError:
-        return False
-    return bool(torch_rule(n))
+        return None
+    return torch_rule
+
+
+def _must_be_in_backward(n: fx.Node) -> bool:
+    torch_rule = _torch_must_be_in_backward()
+    return torch_rule is not None and bool(torch_rule(n))
 
 
 @functools.lru_cache(maxsize=1)

@@ -83,8 +83,7 @@ def draws_randomness(node: fx.Node) -> bool:
     carries the tag but draws nothing."""
     target = node.target
     return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in target.tags
-            and not _no_dropout(node, target))
+            and _is_seeded(target) and not _no_dropout(node, target))
 
 
 def classify(node: fx.Node) -> OpClass:
@@ -105,24 +104,38 @@ def classify(node: fx.Node) -> OpClass:
         # An effectful op (I/O, RNG state, a collective): like a random op, running it again
         # in the backward is not the same computation, so it is never recomputed.
         return OpClass.RANDOM
-    recomputable, compute_intensive, random, views = _torch_op_lists()
     if isinstance(target, torch._ops.OpOverload):
-        if target.namespace in GATHER_NAMESPACES:
-            return OpClass.GATHER
-        packet = target.overloadpacket
-        if packet in random or draws_randomness(node):
-            return OpClass.RANDOM
-        if packet in _CASTS:
-            return OpClass.CAST
-        if target.is_view or packet in views:
-            return OpClass.VIEW
-        if packet in compute_intensive:
-            return OpClass.COMPUTE_INTENSIVE
-        if packet in _REDUCTIONS:
-            return OpClass.REDUCTION
-        if packet in recomputable or torch.Tag.pointwise in target.tags:
-            return OpClass.POINTWISE
-        return OpClass.OTHER
-    if target in recomputable:  # SymInt arithmetic (operator.mul, sym_max, ...)
+        draws = _is_seeded(target) and not _no_dropout(node, target)
+        return _class_of_op(target, draws)
+    if target in _torch_op_lists()[0]:  # SymInt arithmetic (operator.mul, sym_max, ...)
+        return OpClass.POINTWISE
+    return OpClass.OTHER
+
+
+@functools.lru_cache(maxsize=None)
+def _is_seeded(target: torch._ops.OpOverload) -> bool:
+    return torch.Tag.nondeterministic_seeded in target.tags
+
+
+@functools.lru_cache(maxsize=None)
+def _class_of_op(target: torch._ops.OpOverload, draws: bool) -> OpClass:
+    """The OpClass of an op, given whether this call draws randomness (draws_randomness): the
+    one fact that depends on the node, so the rest is worked out once per op (a joint graph
+    of 4k nodes has a few dozen ops)."""
+    recomputable, compute_intensive, random, views = _torch_op_lists()
+    if target.namespace in GATHER_NAMESPACES:
+        return OpClass.GATHER
+    packet = target.overloadpacket
+    if packet in random or draws:
+        return OpClass.RANDOM
+    if packet in _CASTS:
+        return OpClass.CAST
+    if target.is_view or packet in views:
+        return OpClass.VIEW
+    if packet in compute_intensive:
+        return OpClass.COMPUTE_INTENSIVE
+    if packet in _REDUCTIONS:
+        return OpClass.REDUCTION
+    if packet in recomputable or torch.Tag.pointwise in target.tags:
         return OpClass.POINTWISE
     return OpClass.OTHER
