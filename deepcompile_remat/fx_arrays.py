@@ -145,7 +145,7 @@ def export_joint_graph(gm: fx.GraphModule, num_fwd_outputs: int,
     graph = graph_arrays(gm)
     ids = graph.ids
     facts = [describe(node) for node in graph.nodes]
-    per_node = {name: [getattr(f, name) for f in facts] for name in NodeFacts._fields}
+    per_node = dict(zip(NodeFacts._fields, map(list, zip(*facts))))
     fwd, bwd = output_nodes(gm, num_fwd_outputs)
     return ExportedJointGraph(
         graph.nodes, **per_node, edge_tails=graph.edge_tails, edge_heads=graph.edge_heads,

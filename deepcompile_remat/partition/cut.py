@@ -12,6 +12,7 @@ nothing here knows what a runtime does.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -110,7 +111,12 @@ def _recomputed_name(node: fx.Node) -> str:
 
 
 def _ops_of(gm: fx.GraphModule) -> tuple[str, ...]:
-    return tuple(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+    return tuple(_target_name(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+
+@functools.lru_cache(maxsize=None)
+def _target_name(target) -> str:
+    return str(target)  # an OpOverload formats its name on every str(): once per op here
 
 
 def resolve_parameter_indices(joint_module, config, parameter_indices, num_graph_inputs,

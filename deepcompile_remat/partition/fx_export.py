@@ -20,12 +20,14 @@ from deepcompile_remat.partition import extract
 from deepcompile_remat.partition.op_classes import OpClass, classify, draws_randomness
 
 NodeFlag = _C.NodeFlag
-_TAGS = {  # CheckpointPolicy -> the C++ tag
-    CheckpointPolicy.MUST_SAVE: _C.RecomputeTag.MUST_SAVE,
-    CheckpointPolicy.PREFER_SAVE: _C.RecomputeTag.PREFER_SAVE,
-    CheckpointPolicy.MUST_RECOMPUTE: _C.RecomputeTag.MUST_RECOMPUTE,
-    CheckpointPolicy.PREFER_RECOMPUTE: _C.RecomputeTag.PREFER_RECOMPUTE,
+_TAGS = {  # CheckpointPolicy -> the C++ tag, as the int the arrays hold
+    CheckpointPolicy.MUST_SAVE: int(_C.RecomputeTag.MUST_SAVE),
+    CheckpointPolicy.PREFER_SAVE: int(_C.RecomputeTag.PREFER_SAVE),
+    CheckpointPolicy.MUST_RECOMPUTE: int(_C.RecomputeTag.MUST_RECOMPUTE),
+    CheckpointPolicy.PREFER_RECOMPUTE: int(_C.RecomputeTag.PREFER_RECOMPUTE),
 }
+_NO_TAG = int(_C.RecomputeTag.NONE)
+_CLASS_IDS = {c: int(c) for c in OpClass.__members__.values()}  # int() of a bound enum is slow
 _SYMINT_BYTES = 8
 
 
@@ -143,10 +145,10 @@ def export_joint_graph(
         elif not is_free_object(node, val):  # free objects: saved by reference, cost 0
             f |= NodeFlag.NON_TENSOR
             nbytes = value_bytes(val)
-        tag, ac_graph_id = _C.RecomputeTag.NONE, -1
+        tag, ac_graph_id = _NO_TAG, -1
         if node.meta.get("recompute") is not None:
-            tag = _TAGS.get(node.meta["recompute"], _C.RecomputeTag.NONE)
+            tag = _TAGS.get(node.meta["recompute"], _NO_TAG)
             ac_graph_id = int(node.meta.get("ac_graph_id", -1))
-        return NodeFacts(nbytes, int(op_class), int(f), int(tag), ac_graph_id)
+        return NodeFacts(nbytes, _CLASS_IDS[op_class], int(f), tag, ac_graph_id)
 
     return fx_arrays.export_joint_graph(gm, num_fwd_outputs, describe)
