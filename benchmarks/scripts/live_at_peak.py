@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from dcr_bench.harness.memory import event_tree, profiled
+from dcr_bench.harness.memory import allocation_nodes, event_tree, profiled
 from dcr_bench.profile import cut_quality
 
 
@@ -28,15 +28,11 @@ def _stack(node, depth: int = 3) -> str:
 
 
 def main(arch: str, partitioner: str, precision: str) -> None:
-    from torch._C._profiler import _EventType
-
     step, _ = cut_quality._compiled_and_warm(arch, partitioner, "inductor", precision, 1, None,
                                              "cpu", True)
     with profiled(profile_memory=True) as prof:
         step()
-    events = sorted((n for n in event_tree(prof).sorted_nodes
-                     if n.typed[0] == _EventType.Allocation and n.typed[1].device.type == "cpu"),
-                    key=lambda n: n.start_time_ns)
+    events = allocation_nodes(event_tree(prof), "cpu")
     start = events[0].typed[1].total_allocated - events[0].typed[1].alloc_size
     live, peak, at_peak, where = {}, -1.0, {}, None
     for n in events:

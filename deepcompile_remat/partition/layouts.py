@@ -21,7 +21,7 @@ import logging
 import torch
 import torch.fx as fx
 
-from deepcompile_remat.fx_arrays import COPIED_WHEN_SAVED
+from deepcompile_remat.fx_arrays import COPIED_WHEN_SAVED, output_nodes
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,7 @@ _STOPS_PROPAGATION = (torch.ops.aten.bmm.default,)  # as inductor: bmm takes no 
 
 def _forward_nodes(gm: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
     """The nodes the forward outputs need, in graph order (the forward inductor compiles)."""
-    outputs = gm.graph.find_nodes(op="output")[0].args[0][:num_fwd_outputs]
-    needed, stack = set(), [o for o in outputs if isinstance(o, fx.Node)]
+    needed, stack = set(), list(output_nodes(gm, num_fwd_outputs)[0])
     while stack:
         n = stack.pop()
         if n not in needed:
@@ -86,10 +85,7 @@ def copied_when_saved(gm: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
     return copied
 
 
-def mark_copied_when_saved(gm: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
-    """Sets fx_arrays.COPIED_WHEN_SAVED on copied_when_saved(gm, num_fwd_outputs) and
-    returns them."""
-    copied = copied_when_saved(gm, num_fwd_outputs)
-    for n in copied:
+def mark_copied_when_saved(gm: fx.GraphModule, num_fwd_outputs: int) -> None:
+    """Sets fx_arrays.COPIED_WHEN_SAVED on copied_when_saved(gm, num_fwd_outputs)."""
+    for n in copied_when_saved(gm, num_fwd_outputs):
         n.meta[COPIED_WHEN_SAVED] = True
-    return copied

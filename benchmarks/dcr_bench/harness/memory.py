@@ -132,15 +132,22 @@ def event_tree(prof):
     return OpTree(prof.profiler.kineto_results)
 
 
+def allocation_nodes(tree, device_type: str) -> list:
+    """The allocator's event nodes on `device_type` in time order; n.typed[1] holds the
+    event (ptr, alloc_size (< 0: freed), total_allocated after it), n.parent the op that made
+    it."""
+    from torch._C._profiler import _EventType
+
+    return sorted((n for n in tree.sorted_nodes
+                   if n.typed[0] == _EventType.Allocation
+                   and n.typed[1].device.type == device_type), key=lambda n: n.start_time_ns)
+
+
 def allocation_events(tree, device_type: str) -> list:
     """(time ns, allocator total after it, bytes allocated (< 0: freed)) per allocator event
     on `device_type`, in time order."""
-    from torch._C._profiler import _EventType
-
-    return sorted(((n.start_time_ns, n.typed[1].total_allocated, n.typed[1].alloc_size)
-                   for n in tree.sorted_nodes
-                   if n.typed[0] == _EventType.Allocation
-                   and n.typed[1].device.type == device_type), key=lambda e: e[0])
+    return [(n.start_time_ns, n.typed[1].total_allocated, n.typed[1].alloc_size)
+            for n in allocation_nodes(tree, device_type)]
 
 
 def peak_over_profile(prof, device_type: str = "cpu") -> float:

@@ -86,14 +86,12 @@ def build(arch: str, scale: int = 1):
         model, inputs = _vision("ConvNextForImageClassification", "ConvNextConfig", 4, image,
                                 hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 2, 1],
                                 num_labels=10)
-    elif arch == "resnet":
+    elif arch in ("resnet", "resnet-basic"):
+        # basic blocks: 3x3 convs only (the weights inductor saves as channels-last copies)
+        blocks = {"layer_type": "basic"} if arch == "resnet-basic" else {}
         model, inputs = _vision("ResNetForImageClassification", "ResNetConfig", 4, image,
                                 embedding_size=32, hidden_sizes=[32, 64, 128, 256],
-                                depths=[1, 1, 1, 1], num_labels=10)
-    elif arch == "resnet-basic":  # 3x3 convs only: the weights inductor saves as copies
-        model, inputs = _vision("ResNetForImageClassification", "ResNetConfig", 4, image,
-                                embedding_size=32, hidden_sizes=[32, 64, 128, 256],
-                                depths=[1, 1, 1, 1], layer_type="basic", num_labels=10)
+                                depths=[1, 1, 1, 1], num_labels=10, **blocks)
     elif arch == "vit":
         model, inputs = _vision("ViTForImageClassification", "ViTConfig", 4, image,
                                 image_size=image, patch_size=8, hidden_size=256,

@@ -69,12 +69,21 @@ class ExtractTimes:
         self._extract.extract_fwd_bwd_modules = self._real
 
 
+def _fresh_joint(cap: JointCapture):
+    """A deep copy of the captured joint graph for one timed call, with the cyclic collector
+    run after it. The copy leaves the collector's counters wherever it ends; without the
+    collection a full one (~0.4 s over these graphs) fell inside whichever call and phase
+    crossed the threshold: llama16's export read 22 ms in one run, 448 in the next."""
+    joint = copy.deepcopy(cap.joint)
+    gc.collect()
+    return joint
+
+
 def time_torch(cap: JointCapture) -> float:
     """Seconds of one min_cut_rematerialization_partition call on a fresh copy."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    joint = copy.deepcopy(cap.joint)
-    gc.collect()  # each call starts with the collector's counters at zero (see time_ours)
+    joint = _fresh_joint(cap)
     with as_compile_calls_it():
         t0 = time.perf_counter()
         min_cut_rematerialization_partition(
@@ -88,11 +97,7 @@ def time_ours(cap: JointCapture, partition_fn) -> tuple[float, object, dict]:
     extraction's path and phases."""
     from deepcompile_remat.partition import reports
 
-    joint = copy.deepcopy(cap.joint)
-    # The deep copy leaves the cyclic collector's counters wherever it ends; without a
-    # collection here a full one (~0.4 s over these graphs) fell inside whichever call and
-    # phase crossed the threshold: llama16's export read 22 ms in one run, 448 in the next.
-    gc.collect()
+    joint = _fresh_joint(cap)
     with as_compile_calls_it(), ExtractTimes() as times:
         t0 = time.perf_counter()
         partition_fn(joint, [], num_fwd_outputs=cap.num_fwd_outputs,
