@@ -36,6 +36,9 @@ import torch.fx as fx
 
 aten = torch.ops.aten
 _SYM_TYPES = (torch.SymInt, torch.SymBool, torch.SymFloat)
+# argument types keyed as (type, value) without further tests (the common case, first)
+_PLAIN_LEAVES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
+                           torch.layout, torch.memory_format})
 
 
 @functools.lru_cache(maxsize=1)
@@ -89,6 +92,13 @@ def _is_mutation(node: fx.Node) -> bool:
 def _key(arg: Any) -> Any:
     """A hashable key equal for equal arguments: containers by type and structure, a leaf
     with its type, a SymInt by its SymNode."""
+    kind = type(arg)
+    if kind is fx.Node:
+        return arg
+    if kind in _PLAIN_LEAVES:
+        return (kind, arg)
+    if kind is tuple or kind is list:
+        return (kind, tuple(map(_key, arg)))
     if isinstance(arg, fx.Node):
         return arg
     if isinstance(arg, (tuple, list)):

@@ -288,20 +288,40 @@ def _autograd_order(joint: _Joint, inputs: list, kept: set) -> list:
     return order
 
 
+def _placeholder_name(graph: fx.Graph, name: str) -> str:
+    """The name ``graph.placeholder(name)`` gives: the same string when it is already
+    snake case (joint placeholders are), without FX's regex."""
+    if name == name.lower() and not (name.startswith("__") and name.endswith("__")):
+        return name
+    return graph._target_to_str(name)
+
+
+def _copy_node(graph: fx.Graph, n: fx.Node, lookup) -> fx.Node:
+    """``graph.node_copy(n, lookup)`` at a third of its cost. torch 2.13's ``create_node``
+    walks every argument with pytree to warn about raw SymInts (half of node_copy's time);
+    these arguments come from a graph that was already checked, so the node is created
+    without them and they are attached after. ``meta`` is set past ``Node.__setattr__``,
+    whose lookup-table re-indexing only op and target need."""
+    new = graph.create_node(n.op, n.target, name=n.name, type_expr=n.type)
+    new._update_args_kwargs(fx.node.map_arg(n.args, lookup), fx.node.map_arg(n.kwargs, lookup))
+    object.__setattr__(new, "meta", n.meta.copy())
+    return new
+
+
 def _build(joint_module: fx.GraphModule, inputs: list, order: list, outputs: list,
            descs: list, backward: bool) -> fx.GraphModule:
     """One lazy GraphModule: placeholders named after `inputs`, then `order` copied."""
     graph = fx.Graph()
     env: dict = {}
     for n in inputs:
-        p = graph.placeholder(n.name)
+        p = graph.create_node("placeholder", n.name, name=_placeholder_name(graph, n.name))
         # as torch's: forward placeholders share the joint node's meta; the backward's are
         # copies (its reordering copies every node once more)
         p.meta = copy.copy(n.meta) if backward else n.meta
         env[n] = p
     lookup = env.__getitem__
     for n in order:
-        new = graph.node_copy(n, lookup)
+        new = _copy_node(graph, n, lookup)
         if backward and n.op in ("call_function", "get_attr"):
             new.meta["autograd_backward"] = True
         env[n] = new

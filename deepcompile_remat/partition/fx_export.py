@@ -116,7 +116,11 @@ def export_joint_graph(
         f = 0
         if replay and op_class == OpClass.RANDOM and draws_randomness(node):
             f |= NodeFlag.RNG_REPLAYABLE
-        if is_primal(node):
+        if node.op != "placeholder":
+            # torch's rule binds only nodes with a partitioner tag
+            if "partitioner_tag" in node.meta and _must_be_in_backward(node):
+                f |= NodeFlag.MUST_BE_IN_BACKWARD
+        elif is_primal(node):
             f |= NodeFlag.PRIMAL
             if primal_index in static:
                 f |= NodeFlag.STATIC_INPUT
@@ -129,8 +133,6 @@ def export_joint_graph(
             f |= NodeFlag.BACKWARD_INPUT
         elif is_fwd_seed(node):
             f |= NodeFlag.FORWARD_SEED
-        if node.op != "placeholder" and _must_be_in_backward(node):
-            f |= NodeFlag.MUST_BE_IN_BACKWARD
         if node.meta.get(PIN_TO_FORWARD):
             f |= NodeFlag.PINNED_TO_FORWARD
         nbytes = 0.0

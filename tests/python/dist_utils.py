@@ -23,7 +23,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from dcr_bench.harness.ranks import RanksTimedOut, free_port, spawn_for_rows
+from dcr_bench.harness.ranks import (RanksTimedOut, environment as _environment, free_port,
+                                     rank_context, spawn_for_rows)
 from deepcompile_remat.zero3.custom_ops import (barrier_before_exit, release_in_flight,
                                                 resolve_group)
 from deepcompile_remat.zero3.shard import specs_of
@@ -123,20 +124,12 @@ def _serve(rank, world, port, backend, conn) -> None:
         dist.destroy_process_group()
 
 
-def _environment() -> dict:
-    """The environment a rank process inherits, less pytest's per-case PYTEST_CURRENT_TEST
-    (which differs for every case: comparing it would start new processes for each)."""
-    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-
-
 class _RankPool:
     """`world` kept rank processes (module docstring), for the cases of one test file."""
 
     def __init__(self, world: int, backend: str, owner: str):
-        import torch.multiprocessing as mp
-
         self.key, self.env = (world, backend, owner), _environment()
-        ctx, port = mp.get_context("spawn"), free_port()
+        ctx, port = rank_context(), free_port()
         self.conns, self.procs = [], []
         for rank in range(world):
             mine, theirs = ctx.Pipe()

@@ -143,6 +143,48 @@ def allocation_nodes(tree, device_type: str) -> list:
                    and n.typed[1].device.type == device_type), key=lambda n: n.start_time_ns)
 
 
+def _op_stack(node, depth: int) -> str:
+    names, q = [], node.parent
+    while q is not None and len(names) < depth:
+        names.append(q.name[:50])
+        q = q.parent
+    return " < ".join(names)
+
+
+def live_at_peak(prof, device_type: str, title: str, depth: int = 3, rows: int = 12) -> str:
+    """What is alive at the highest point of a profiled region, as text: the peak above the
+    region's start, the op stack at the peak, the live bytes per allocating op stack (`depth`
+    ops up), and the largest blocks. A block allocated before the region is not seen."""
+    from collections import defaultdict
+
+    events = allocation_nodes(event_tree(prof), device_type)
+    if not events:
+        return f"{title}: no allocator events on {device_type}\n"
+    start = events[0].typed[1].total_allocated - events[0].typed[1].alloc_size
+    live, peak, at_peak, where = {}, -1.0, {}, None
+    for n in events:
+        a = n.typed[1]
+        if a.alloc_size > 0:
+            live[a.ptr] = (a.alloc_size, n)
+        else:
+            live.pop(a.ptr, None)
+        if a.total_allocated - start > peak:
+            peak, at_peak, where = a.total_allocated - start, dict(live), n
+    lines = [f"{title}: peak {peak / 1e6:.3f} MB above the start "
+             f"({sum(s for s, _ in at_peak.values()) / 1e6:.3f} MB allocated in the region)",
+             "at: " + _op_stack(where, depth + 2)]
+    by_stack, count = defaultdict(float), defaultdict(int)
+    for size, n in at_peak.values():
+        by_stack[_op_stack(n, depth)] += size
+        count[_op_stack(n, depth)] += 1
+    for stack, size in sorted(by_stack.items(), key=lambda kv: -kv[1])[:rows]:
+        lines.append(f"{size / 1e6:8.3f} MB {count[stack]:4d} blocks  {stack}")
+    lines.append("largest blocks:")
+    for size, n in sorted(at_peak.values(), key=lambda sn: -sn[0])[:rows]:
+        lines.append(f"{size / 1e3:9.1f} KB  {_op_stack(n, depth)}")
+    return "\n".join(lines) + "\n"
+
+
 def allocation_events(tree, device_type: str) -> list:
     """(time ns, allocator total after it, bytes allocated (< 0: freed)) per allocator event
     on `device_type`, in time order."""

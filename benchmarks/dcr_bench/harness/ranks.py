@@ -4,7 +4,8 @@ Every command that measures on several ranks (profile, compare, bench-deepspeed)
 run_ranks go through spawn_for_rows. mp.spawn returns nothing, so each rank writes its rows
 (JSON) to a file of its own in a temporary folder, read back in rank order once every rank has
 exited. A rank that raises fails the call (mp.spawn's ProcessRaisedException names it); ranks
-that hang (say, in mismatched collectives) are killed at the deadline.
+that hang (say, in mismatched collectives) are killed at the deadline. Ranks start as forks of
+a server that has imported what every rank needs (rank_context).
 """
 from __future__ import annotations
 
@@ -35,6 +36,42 @@ class RanksTimedOut(RuntimeError):
     """The ranks did not all finish before the deadline; every one was killed."""
 
 
+# What every rank process imports anyway: torch's compiler and distributed stacks, the model
+# library, DeepSpeed. A fork server imports them once and each rank starts as a fork of it;
+# a fresh interpreter spent ~4 s of CPU a rank importing them (2 per system in `compare`).
+PRELOADED = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.distributed.tensor",
+             "transformers.models.llama.modeling_llama", "deepspeed")
+_server_env: Optional[dict] = None
+
+
+def environment() -> dict:
+    """The environment rank processes must see: this process's, less pytest's
+    PYTEST_CURRENT_TEST (it differs for every test case and no rank reads it)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+
+def rank_context():
+    """The multiprocessing context rank processes start from: a fork server that has imported
+    PRELOADED (a module that fails to import is skipped). A forked process inherits the
+    server's environment, not this process's, and some of those modules read the environment
+    as they load (inductor's and DeepSpeed's settings), so the server is started anew whenever
+    the environment differs from the one it was started with. Where this Python cannot stop
+    its server, a changed environment gets plain spawned processes."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    global _server_env
+    env = environment()
+    if _server_env is not None and env != _server_env:
+        server = forkserver._forkserver
+        if not hasattr(server, "_stop"):
+            return multiprocessing.get_context("spawn")
+        server._stop()
+    _server_env = env
+    multiprocessing.set_forkserver_preload(list(PRELOADED))
+    return multiprocessing.get_context("forkserver")
+
+
 def spawn_for_rows(fn: Callable[..., Optional[list]], nprocs: int, *args,
                    timeout_s: Optional[float] = None) -> list:
     """fn(rank, *args) -> list of JSON-able rows (None: no rows), on nprocs processes; all rows,
@@ -43,7 +80,8 @@ def spawn_for_rows(fn: Callable[..., Optional[list]], nprocs: int, *args,
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows")
-        ctx = mp.spawn(_rows_to_file, args=(fn, out, args), nprocs=nprocs, join=False)
+        ctx = mp.start_processes(_rows_to_file, args=(fn, out, args), nprocs=nprocs,
+                                 join=False, start_method=rank_context().get_start_method())
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not ctx.join(timeout=1.0):
             if deadline is not None and time.monotonic() > deadline:

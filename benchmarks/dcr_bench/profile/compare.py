@@ -91,7 +91,7 @@ def add_rank_arguments(g) -> None:
                    help="rank 0 writes the profiled step's ops by self CPU time (and device "
                         "time on a GPU) to "
                         "<out>/logs/<system>-<precision>[-ckpt].ops.txt (where a system's "
-                        "time goes)")
+                        "time goes), and what is alive at its memory peak to .peak.txt")
 
 
 def rank_options(args: argparse.Namespace) -> dict:
@@ -194,6 +194,8 @@ def rank_main(rank: int, world: int, port: int, peer: str, precision: str, workl
         if opts.get("op_table") and rank == 0:
             with open(os.path.join(opts["log_dir"], f"{tag}.ops.txt"), "w") as f:
                 f.write(memory.op_table(prof, device_type, tag, row_limit=40))
+            with open(os.path.join(opts["log_dir"], f"{tag}.peak.txt"), "w") as f:
+                f.write(memory.live_at_peak(prof, device_type, tag, depth=4, rows=20))
         row["held_at_rest"] = system.held()
         from deepcompile_remat.partition.report import reports
 
