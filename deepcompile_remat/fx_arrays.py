@@ -16,7 +16,7 @@ JointGraph's per-node arrays by name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple, Optional
+from typing import Callable, Iterable, Mapping, NamedTuple, Optional
 
 import numpy as np
 import torch.fx as fx
@@ -70,13 +70,15 @@ def graph_arrays(gm: fx.GraphModule) -> GraphArrays:
 
 def memory_graph(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,
                  graph: Optional[GraphArrays] = None,
-                 no_buffer: Iterable[fx.Node] = ()) -> _C.MemoryGraph:
+                 no_buffer: Iterable[fx.Node] = (),
+                 workspace: Optional[Mapping[fx.Node, float]] = None) -> _C.MemoryGraph:
     """`gm` as csrc/memsim's MemoryGraph (node ids: graph's). Aliases allocate 0 bytes (they
     share their base's storage); placeholders and module constants are inputs, alive before
     step 0; inputs named in persistent_names (parameter shards: the module holds them) and
     constants are never freed; graph outputs are kept. graph: graph_arrays(gm), if the caller
     already built it (for its ids). no_buffer: nodes that allocate nothing (a compiler fuses
-    them into their consumers' kernels). A node marked ON_HOST holds no accelerator bytes."""
+    them into their consumers' kernels). A node marked ON_HOST holds no accelerator bytes.
+    workspace: scratch bytes of nodes whose op allocates and frees some inside its call."""
     persistent_names = set(persistent_names)
     no_buffer = set(no_buffer)
     graph = graph_arrays(gm) if graph is None else graph
@@ -97,9 +99,12 @@ def memory_graph(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,
     out = gm.graph.find_nodes(op="output")[0]
     for x in out.all_input_nodes:
         keep[ids[x]] = 1
+    scratch = np.zeros(n if workspace else 0)
+    for node, b in (workspace or {}).items():
+        scratch[ids[node]] = b
     return _C.MemoryGraph(bytes=nbytes, alias_of=alias_of, is_input=is_input,
-                          persistent=persistent, keep=keep, edge_tails=graph.edge_tails,
-                          edge_heads=graph.edge_heads)
+                          persistent=persistent, keep=keep, workspace=scratch,
+                          edge_tails=graph.edge_tails, edge_heads=graph.edge_heads)
 
 
 def compatibility_keys(keys: list) -> np.ndarray:

@@ -20,6 +20,11 @@ void MemoryGraph::Validate() const {
                                   " entries, expected one per node (" + std::to_string(n) + ")");
     }
   }
+  if (workspace.size != 0 && workspace.size != n) {
+    throw std::invalid_argument("workspace has " + std::to_string(workspace.size) +
+                                " entries, expected one per node (" + std::to_string(n) +
+                                ") or none");
+  }
   ValidateEdges(num_nodes, edge_tails, edge_heads);
   for (int64_t v = 0; v < num_nodes; ++v) {
     if (alias_of[v] < -1 || alias_of[v] >= v) {
@@ -104,7 +109,8 @@ MemoryTimeline memsim_internal::SimulateMemoryUnchecked(const MemoryGraph& g,
   for (size_t k = 0; k < order.size; ++k) {
     const int64_t v = order[k];
     if (g.alias_of[v] < 0) live += g.bytes[v];
-    if (live > t.peak_bytes) t.peak_bytes = live, t.peak_step = static_cast<int64_t>(k);
+    const double during = live + (g.workspace.size ? g.workspace[v] : 0.0);
+    if (during > t.peak_bytes) t.peak_bytes = during, t.peak_step = static_cast<int64_t>(k);
     for (int64_t f : frees[k]) live -= g.bytes[f];
     t.live_after[k] = live;
   }

@@ -7,6 +7,8 @@
 // at their last use unless `persistent` (e.g. parameter shards: the module holds them); values
 // marked `keep` (graph outputs) are never freed. This is how FX- and inductor-generated code
 // releases buffers, so the simulated peak tracks the allocator's peak up to fragmentation.
+// An op's scratch (`workspace`: what it allocates and frees inside its own call, as a library
+// convolution's reordered weight) counts at its own step only, on top of the live values.
 //
 // Complexity O(n + m). Deterministic.
 #pragma once
@@ -25,11 +27,12 @@ struct MemoryGraph {
   Span<uint8_t> is_input;    // alive before step 0
   Span<uint8_t> persistent;  // never freed (inputs held elsewhere)
   Span<uint8_t> keep;        // never freed (graph outputs)
+  Span<double> workspace;    // bytes alive only while the node runs; empty: none anywhere
   Span<int64_t> edge_tails;  // producer
   Span<int64_t> edge_heads;  // consumer
 
   // Throws std::invalid_argument naming the array (and index) at fault unless: every per-node
-  // array has num_nodes entries, edge_tails and edge_heads have equal lengths and hold node ids
+  // array has num_nodes entries (workspace: num_nodes or none), edge_tails and edge_heads have equal lengths and hold node ids
   // in range, and alias_of[v] is -1 or an earlier node (so alias chains end). O(n + m).
   void Validate() const;
 };

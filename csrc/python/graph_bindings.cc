@@ -36,6 +36,8 @@ void BindGraphs(py::module_& m) {
       .Field("is_input", &MemoryGraph::is_input, "uint8[n]: alive before step 0.")
       .Field("persistent", &MemoryGraph::persistent, "uint8[n]: an input never freed.")
       .Field("keep", &MemoryGraph::keep, "uint8[n]: never freed (graph outputs).")
+      .Field("workspace", &MemoryGraph::workspace,
+             "float64[n] or float64[0]: scratch bytes alive only while each node runs.")
       .Field("edge_tails", &MemoryGraph::edge_tails, "int64[m]: producer of each edge.")
       .Field("edge_heads", &MemoryGraph::edge_heads, "int64[m]: consumer of each edge.");
 }

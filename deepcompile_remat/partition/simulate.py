@@ -9,13 +9,20 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
+import torch
 import torch.fx as fx
 
 from deepcompile_remat import _C, fx_arrays
 from deepcompile_remat.fx_arrays import COPIED_WHEN_SAVED
+from deepcompile_remat.fx_values import value_bytes
 from deepcompile_remat.partition.op_classes import OpClass, classify
 
 _FUSED = (OpClass.POINTWISE, OpClass.CAST)  # ops a fusing compiler inlines into their reader
+# A convolution's backward allocates and frees, inside its own call, about twice its weight:
+# measured on CPU (oneDNN), a reordered copy of the weight and a scratch weight gradient
+# (resnet-basic fp32: 2.49 + 2.36 MB beside a 2.36 MB weight; benchmarks/README.md, the vision
+# cells of peak-plan). cuDNN's workspace is not measured; it is taken to be the same.
+CONV_BACKWARD_SCRATCH_WEIGHTS = 2.0
 _FUSING_READERS = (OpClass.POINTWISE, OpClass.CAST, OpClass.REDUCTION)
 
 
@@ -31,15 +38,28 @@ def fused_away(gm: fx.GraphModule) -> set:
             and kinds[next(iter(n.users))] in _FUSING_READERS}
 
 
+def op_workspace(gm: fx.GraphModule) -> dict:
+    """Scratch bytes of the nodes whose op allocates some inside its own call (alive only at
+    that node's step): each convolution backward, CONV_BACKWARD_SCRATCH_WEIGHTS x its weight."""
+    conv_backward = torch.ops.aten.convolution_backward.default
+    out = {}
+    for n in gm.graph.find_nodes(op="call_function", target=conv_backward):
+        weight = n.args[2]
+        if isinstance(weight, fx.Node):
+            out[n] = CONV_BACKWARD_SCRATCH_WEIGHTS * value_bytes(weight.meta.get("val"))
+    return out
+
+
 def graph_peak(gm: fx.GraphModule, persistent_names: Iterable[str],
                fuses_pointwise: bool = True) -> tuple[float, float]:
     """(simulated peak, bytes of its persistent inputs) of `gm` in its own order: the inputs
     named in persistent_names (the parameters) live before and after it, so a step's peak
     above its memory at rest is the first less the second. fuses_pointwise: its compiler
-    fuses (fused_away nodes allocate nothing)."""
+    fuses (fused_away nodes allocate nothing). Ops' scratch counts at their step (op_workspace)."""
     arrays = fx_arrays.graph_arrays(gm)
     memory = fx_arrays.memory_graph(gm, persistent_names, graph=arrays,
-                                    no_buffer=fused_away(gm) if fuses_pointwise else ())
+                                    no_buffer=fused_away(gm) if fuses_pointwise else (),
+                                    workspace=op_workspace(gm))
     is_input = np.asarray(memory.is_input)
     order = np.flatnonzero(is_input == 0).astype(np.int64)
     resident = float(np.asarray(memory.bytes)[np.asarray(memory.persistent) != 0].sum())

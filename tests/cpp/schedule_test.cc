@@ -41,6 +41,26 @@ TEST(MemorySim, FreesAtLastUseAndFollowsAliases) {
   EXPECT_DOUBLE_EQ(t.live_after[2], 1);   // a freed after the view's last use; b kept
 }
 
+TEST(MemorySim, AnOpsWorkspaceCountsAtItsStepOnly) {
+  Graph g;
+  const int64_t x = g.Add(100, {}, true);
+  const int64_t a = g.Add(10, {x});  // x dies here
+  const int64_t b = g.Add(1, {a});   // a dies here
+  g.keep[b] = 1;
+  const std::vector<double> scratch = {0, 0, 150};  // b's op allocates and frees 150 inside
+  MemoryGraph with = g.View();
+  with.workspace = scratch;
+  const std::vector<int64_t> order = {a, b};
+  const MemoryTimeline t = SimulateMemory(with, order);
+  EXPECT_DOUBLE_EQ(t.peak_bytes, 161);  // a, b and b's scratch; x freed after step 0
+  EXPECT_EQ(t.peak_step, 1);
+  EXPECT_DOUBLE_EQ(t.live_after[1], 1);  // the scratch is gone after its step
+  EXPECT_DOUBLE_EQ(SimulateMemory(g.View(), order).peak_bytes, 110);  // none: x and a
+  const std::vector<double> short_scratch = {0, 0};
+  with.workspace = short_scratch;
+  EXPECT_THROW(with.Validate(), std::invalid_argument);
+}
+
 TEST(MemorySim, ValidateNamesTheArrayAtFault) {
   Graph g;
   const int64_t x = g.Add(1, {}, true);

@@ -37,6 +37,7 @@ MEMORY = dict(
     is_input=np.array([1, 0, 0], dtype=np.uint8),
     persistent=np.array([1, 0, 0], dtype=np.uint8),
     keep=np.array([0, 0, 1], dtype=np.uint8),
+    workspace=np.zeros(0),
     edge_tails=np.array([0, 1], dtype=np.int64),
     edge_heads=np.array([1, 2], dtype=np.int64),
 )

@@ -10,6 +10,7 @@ a server that has imported what every rank needs (rank_context).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import tempfile
@@ -37,38 +38,48 @@ class RanksTimedOut(RuntimeError):
 
 
 # What every rank process imports anyway: torch's compiler and distributed stacks, the model
-# library, DeepSpeed. A fork server imports them once and each rank starts as a fork of it;
-# a fresh interpreter spent ~4 s of CPU a rank importing them (2 per system in `compare`).
+# library. A fork server imports them once and each rank starts as a fork of it; a fresh
+# interpreter spent ~4 s of CPU a rank importing them (2 per system in `compare`). Not
+# DeepSpeed: its import logs its accelerator choice to stdout, which would reach the user's
+# terminal from the server.
 PRELOADED = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.distributed.tensor",
-             "transformers.models.llama.modeling_llama", "deepspeed")
+             "transformers.models.llama.modeling_llama")
 _server_env: Optional[dict] = None
 
 
+# Variables a process sets for itself, which a rank neither needs from its parent nor reads
+# before setting its own: pytest's current test, and the address inductor stores before it
+# loads each compiled kernel library (codecache.py). Comparing them would make any process
+# that compiled a graph in-process spawn its ranks afresh, and restart the tests' rank pools.
+_PROCESS_LOCAL = frozenset({"PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"})
+
+
 def environment() -> dict:
-    """The environment rank processes must see: this process's, less pytest's
-    PYTEST_CURRENT_TEST (it differs for every test case and no rank reads it)."""
-    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    """The environment rank processes must see: this process's, less _PROCESS_LOCAL."""
+    return {k: v for k, v in os.environ.items() if k not in _PROCESS_LOCAL}
 
 
 def rank_context():
     """The multiprocessing context rank processes start from: a fork server that has imported
     PRELOADED (a module that fails to import is skipped). A forked process inherits the
     server's environment, not this process's, and some of those modules read the environment
-    as they load (inductor's and DeepSpeed's settings), so the server is started anew whenever
-    the environment differs from the one it was started with. Where this Python cannot stop
-    its server, a changed environment gets plain spawned processes."""
+    as they load (inductor's and DeepSpeed's settings), so while this process's environment
+    differs from the one the server started with, ranks are spawned as fresh interpreters
+    instead. (The server cannot be restarted: every process it forked holds it alive.)"""
     import multiprocessing
-    from multiprocessing import forkserver
 
     global _server_env
     env = environment()
-    if _server_env is not None and env != _server_env:
-        server = forkserver._forkserver
-        if not hasattr(server, "_stop"):
-            return multiprocessing.get_context("spawn")
-        server._stop()
-    _server_env = env
-    multiprocessing.set_forkserver_preload(list(PRELOADED))
+    if _server_env is None:
+        _server_env = env  # the server starts with the first forkserver process, right after
+        multiprocessing.set_forkserver_preload(list(PRELOADED))
+    elif env != _server_env:
+        changed = sorted(k for k in env.keys() | _server_env.keys()
+                         if env.get(k) != _server_env.get(k))
+        logging.getLogger(__name__).info(
+            "rank processes spawned afresh: the environment differs from the fork server's "
+            "in %s", ", ".join(changed))
+        return multiprocessing.get_context("spawn")
     return multiprocessing.get_context("forkserver")
 
 
