@@ -5,7 +5,8 @@ seconds per rank and writes the profile (pstats) beside a text dump of its top e
     TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) PYTHONPATH=benchmarks \
         python benchmarks/scripts/first_step_profile.py ours-deepspeed 256 /tmp/prof
 
-Arguments: the peer (dcr_bench.profile.peers.PEERS), the sequence length, the output folder.
+Arguments: the peer (dcr_bench.profile.peers.PEERS), the sequence length, the output folder,
+and optionally the number of layers (4).
 Give each run a fresh inductor cache: a warm one skips the compile this looks at."""
 import cProfile
 import io
@@ -17,7 +18,7 @@ import time
 from dcr_bench.harness.ranks import free_port, spawn_for_rows
 
 
-def rank_main(rank, world, port, peer, seq, out):
+def rank_main(rank, world, port, peer, seq, out, layers=4):
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), DS_ACCELERATOR="cpu",
@@ -31,7 +32,7 @@ def rank_main(rank, world, port, peer, seq, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    w = Workload(model="llama", layers=4, hidden=256, heads=4, seq=seq)
+    w = Workload(model="llama", layers=layers, hidden=256, heads=4, seq=seq)
     t0 = time.perf_counter()
     system = PEERS[peer](w, "autocast", torch.device("cpu"), {})
     build_s = time.perf_counter() - t0
@@ -58,5 +59,6 @@ def rank_main(rank, world, port, peer, seq, out):
 
 if __name__ == "__main__":
     peer, seq, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    for row in spawn_for_rows(rank_main, 2, 2, free_port(), peer, seq, out):
+    layers = int(sys.argv[4]) if len(sys.argv) > 4 else 4
+    for row in spawn_for_rows(rank_main, 2, 2, free_port(), peer, seq, out, layers):
         print(row)

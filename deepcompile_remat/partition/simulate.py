@@ -18,12 +18,12 @@ from deepcompile_remat.fx_values import value_bytes
 from deepcompile_remat.partition.op_classes import OpClass, classify
 
 _FUSED = (OpClass.POINTWISE, OpClass.CAST)  # ops a fusing compiler inlines into their reader
+_FUSING_READERS = (OpClass.POINTWISE, OpClass.CAST, OpClass.REDUCTION)
 # A convolution's backward allocates and frees, inside its own call, about twice its weight:
 # measured on CPU (oneDNN), a reordered copy of the weight and a scratch weight gradient
 # (resnet-basic fp32: 2.49 + 2.36 MB beside a 2.36 MB weight; benchmarks/README.md, the vision
 # cells of peak-plan). cuDNN's workspace is not measured; it is taken to be the same.
 CONV_BACKWARD_SCRATCH_WEIGHTS = 2.0
-_FUSING_READERS = (OpClass.POINTWISE, OpClass.CAST, OpClass.REDUCTION)
 
 
 def fused_away(gm: fx.GraphModule) -> set:

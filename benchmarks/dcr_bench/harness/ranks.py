@@ -44,7 +44,6 @@ class RanksTimedOut(RuntimeError):
 # terminal from the server.
 PRELOADED = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.distributed.tensor",
              "transformers.models.llama.modeling_llama")
-_server_env: Optional[dict] = None
 
 
 # Variables a process sets for itself, which a rank neither needs from its parent nor reads
@@ -59,11 +58,14 @@ def environment() -> dict:
     return {k: v for k, v in os.environ.items() if k not in _PROCESS_LOCAL}
 
 
+_server_env: Optional[dict] = None  # the environment the fork server started with
+
+
 def rank_context():
     """The multiprocessing context rank processes start from: a fork server that has imported
     PRELOADED (a module that fails to import is skipped). A forked process inherits the
     server's environment, not this process's, and some of those modules read the environment
-    as they load (inductor's and DeepSpeed's settings), so while this process's environment
+    as they load (inductor's settings), so while this process's environment
     differs from the one the server started with, ranks are spawned as fresh interpreters
     instead. (The server cannot be restarted: every process it forked holds it alive.)"""
     import multiprocessing
