@@ -7,7 +7,8 @@ seconds per rank and writes the profile (pstats) beside a text dump of its top e
 
 Arguments: the peer (dcr_bench.profile.peers.PEERS), the sequence length, the output folder,
 and optionally the number of layers (4).
-Give each run a fresh inductor cache: a warm one skips the compile this looks at."""
+Give each run a fresh inductor cache: a warm one skips the compile this looks at.
+FIRST_STEP_PROFILE=0: time the steps without the profiler (no profile written)."""
 import cProfile
 import io
 import os
@@ -38,15 +39,17 @@ def rank_main(rank, world, port, peer, seq, out, layers=4):
     build_s = time.perf_counter() - t0
     batch = w.inputs(rank, torch.device("cpu"))
     prof = cProfile.Profile()
+    profiling = os.environ.get("FIRST_STEP_PROFILE", "1") != "0"
     t0 = time.perf_counter()
-    prof.enable()
+    if profiling:
+        prof.enable()
     system.step(batch)
     prof.disable()
     first_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     system.step(batch)
     second_s = time.perf_counter() - t0
-    if rank == 0:
+    if rank == 0 and profiling:
         os.makedirs(out, exist_ok=True)
         prof.dump_stats(os.path.join(out, f"{peer}.prof"))
         text = io.StringIO()
