@@ -32,8 +32,9 @@ struct MemoryGraph {
   Span<int64_t> edge_heads;  // consumer
 
   // Throws std::invalid_argument naming the array (and index) at fault unless: every per-node
-  // array has num_nodes entries (workspace: num_nodes or none), edge_tails and edge_heads have equal lengths and hold node ids
-  // in range, and alias_of[v] is -1 or an earlier node (so alias chains end). O(n + m).
+  // array has num_nodes entries (workspace: num_nodes or none), edge_tails and edge_heads
+  // have equal lengths and hold node ids in range, and alias_of[v] is -1 or an earlier node
+  // (so alias chains end). O(n + m).
   void Validate() const;
 };
 

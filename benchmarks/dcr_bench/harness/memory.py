@@ -173,15 +173,16 @@ def live_at_peak(prof, device_type: str, title: str, depth: int = 3, rows: int =
     lines = [f"{title}: peak {peak / 1e6:.3f} MB above the start "
              f"({sum(s for s, _ in at_peak.values()) / 1e6:.3f} MB allocated in the region)",
              "at: " + _op_stack(where, depth + 2)]
+    blocks = [(size, _op_stack(n, depth)) for size, n in at_peak.values()]
     by_stack, count = defaultdict(float), defaultdict(int)
-    for size, n in at_peak.values():
-        by_stack[_op_stack(n, depth)] += size
-        count[_op_stack(n, depth)] += 1
+    for size, stack in blocks:
+        by_stack[stack] += size
+        count[stack] += 1
     for stack, size in sorted(by_stack.items(), key=lambda kv: -kv[1])[:rows]:
         lines.append(f"{size / 1e6:8.3f} MB {count[stack]:4d} blocks  {stack}")
     lines.append("largest blocks:")
-    for size, n in sorted(at_peak.values(), key=lambda sn: -sn[0])[:rows]:
-        lines.append(f"{size / 1e3:9.1f} KB  {_op_stack(n, depth)}")
+    for size, stack in sorted(blocks, key=lambda b: -b[0])[:rows]:
+        lines.append(f"{size / 1e3:9.1f} KB  {stack}")
     return "\n".join(lines) + "\n"
 
 
