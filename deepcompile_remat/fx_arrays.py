@@ -39,6 +39,10 @@ ON_HOST = "partition_on_host"
 # (partition/layouts.py: inductor's channels-last conv weights): the cut prices saving it
 # (NodeFlag.COPIED_WHEN_SAVED) and the memory simulator counts a saved one's copy.
 COPIED_WHEN_SAVED = "partition_copied_when_saved"
+# SCRATCH_BYTES: bytes a node's op allocates and frees inside its own call, which no graph value
+# shows (a collective's packed buffers): set by whoever knows the op (zero3/scratch.py), counted
+# at that node's step by the memory simulator (partition/simulate.op_workspace).
+SCRATCH_BYTES = "partition_scratch_bytes"
 PIN_TO_FORWARD = "partition_pin_to_forward"
 RECOMPUTE_PRICE = "partition_recompute_price"
 OP_CLASS = "partition_op_class"

@@ -54,10 +54,11 @@ log = logging.getLogger(__name__)
 MAX_EVALUATED = 48  # builds per graph at most; beyond it the cuts are thinned evenly
 BUCKET_STEP = 4  # bucket sizes tried: the configured one times powers of this
 # The simulator's measured errors (module docstring, 4.): measured / simulated step peak above
-# the inputs reached 1.20 on the CPU and 1.27 on an H100 (fp32); a plan measured up to 3.9%
-# above the ordinary cut it simulated under (bf16 on an H200).
+# the inputs reached 1.20 on the CPU and 1.27 on an H100 (fp32); a plan measured 2.4% above
+# the ordinary cut it simulated 8.0% under (keep-gathered, llama 4x512 seq 1024 under ZeRO-3 on
+# 2 gloo ranks: 11% apart; 3.9% above on an H200 before the collectives' scratch was priced).
 BYTES_MARGIN = 0.30
-FRACTION_MARGIN = 0.05
+FRACTION_MARGIN = 0.12
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
 from deepcompile_remat.zero3.passes import (cast_before_gather, narrow_host_copies,
                                             price_regathers, read_secondary_in_backward,
                                             regather_within_secondary)
+from deepcompile_remat.zero3.scratch import mark_scratch
 from deepcompile_remat.zero3.scatter_overlap import scatter_backends, split_reduce_scatters
 from deepcompile_remat.zero3.schedule import (ScheduleFigures, ScheduleOptions, schedule_gathers,
                                               use_async)
@@ -82,6 +83,8 @@ class Zero3Runtime:
         if use_async(scatter_backends(bw), settings.async_reduce_scatters):
             split, in_flight = split_reduce_scatters(bw, settings.prefetch_budget_bytes,
                                                      persistent_names=parameter_names)
+        for module in (fw, bw):  # what the collectives hold inside their call, for the simulator
+            mark_scratch(module)
         figures["bw"] = dataclasses.replace(
             figures["bw"], reduce_scatter_buckets=buckets, async_reduce_scatters=split,
             max_reduce_scatters_in_flight=in_flight, secondary_regathers=regathers,

@@ -35,11 +35,11 @@ def _llama_grads(config):
     return loss.detach(), grads, [r.plan for r in dcr.reports()]
 
 
-@pytest.mark.parametrize("target", [1.0, 0.9])
+@pytest.mark.parametrize("target", [1.0, 0.95])
 def test_plan_fits_its_target_and_trains_like_eager(target):
     """On transformers' Llama: the chosen plan's simulated peak fits the target (a fraction of
-    the ordinary cut's), 0.9 takes a plan that recomputes more than the ordinary cut, and the
-    loss and every gradient equal eager's."""
+    the ordinary cut's) with the margin, 0.95 takes a plan that recomputes more than the ordinary
+    cut, and the loss and every gradient equal eager's."""
     ref_loss, ref_grads, _ = _llama_grads(None)
     loss, grads, plans = _llama_grads(RematConfig(peak_target=target))
     (plan,) = plans
