@@ -27,9 +27,11 @@
         item_dtypes: a bucket whose members gather in different dtypes (bf16-cast weights and
         the fp32 norm weights autocast keeps), one code (item_dtype_codes) per member; the
         buffer is then bytes (comm.cast_and_gather_mixed) and `dtype` must be None.
-    grad_shard = torch.ops.dcr.reduce_scatter_grad(full_grad, world_size, group_name)
+    grad_shard = torch.ops.dcr.reduce_scatter_grad(full_grad, world_size, group_name, dtype)
         the average over ranks of each rank's full gradient, this rank's slot only (data
-        parallel: the mean over the global batch when each rank's loss is a local mean).
+        parallel: the mean over the global batch when each rank's loss is a local mean),
+        reduced in `dtype` (None: the gradient's own): a bf16 gradient of an fp32 shard is
+        cast inside the op (zero3/passes.py, fold_reduce_casts), not by a kernel of its own.
     grad_shard = torch.ops.dcr.reduce_scatter_grad_start(full_grad, world_size, group_name)
     torch.ops.dcr.reduce_scatter_grad_wait(grad_shard, full_grad)
         the same in two halves (zero3/scatter_overlap.py): the start issues the collective and
@@ -37,9 +39,10 @@
         and averages. The wait also takes the send buffer, full_grad, though it only holds it:
         so the compiler keeps full_grad alive, and never reuses its memory, while the
         collective reads it, and the memory simulator counts it in flight.
-    grad_shards = torch.ops.dcr.reduce_scatter_grad_bucket(full_grads, world_size, group_name)
+    grad_shards = torch.ops.dcr.reduce_scatter_grad_bucket(full_grads, world_size, group_name,
+                                                           dtype)
     grad_shard, rows = torch.ops.dcr.reduce_scatter_grad_bucket_start(full_grads, world_size,
-                                                                      group_name)
+                                                                      group_name, dtype)
     grad_shards = torch.ops.dcr.reduce_scatter_grad_bucket_wait(grad_shard, rows, sizes)
         the same for several small gradients in one collective (zero3/grad_buckets.py); in two
         halves, the start packs the gradients into `rows` (the send buffer, held by the wait as
@@ -301,10 +304,14 @@ def _(shard, world_size, group_name, dtype=None):
     return _full_like(shard, world_size, dtype)
 
 
-def _scatter_start(full: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+def _scatter_start(full: torch.Tensor, world_size: int, group_name: str,
+                   dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Starts reducing-scattering a full gradient (any shape; its numel a multiple of
-    world_size); returns this rank's slot, valid after _scatter_wait (the mean over ranks)."""
+    world_size) in `dtype` (None: its own); returns this rank's slot, valid after _scatter_wait
+    (the mean over ranks)."""
     full = full.contiguous().reshape(-1)
+    if dtype is not None and full.dtype != dtype:
+        full = full.to(dtype)  # the send buffer, in the reduce dtype
     out = full.new_empty(full.numel() // world_size)
     if world_size == 1:
         out.copy_(full)
@@ -334,18 +341,20 @@ def _scatter_wait(out: torch.Tensor, op: str) -> None:
         out.div_(world_size)
 
 
-def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
-    """This rank's slot of the mean over ranks of a full gradient: start, then wait."""
-    out = _scatter_start(full, world_size, group_name)
+def _reduce_scatter_mean(full: torch.Tensor, world_size: int, group_name: str,
+                         dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """This rank's slot of the mean over ranks of a full gradient, in `dtype`: start, wait."""
+    out = _scatter_start(full, world_size, group_name, dtype)
     _scatter_wait(out, f"{OP_NAMESPACE}::reduce_scatter_grad")
     return out
 
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad", mutates_args=())
-def reduce_scatter_grad(full_grad: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+def reduce_scatter_grad(full_grad: torch.Tensor, world_size: int, group_name: str,
+                        dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """This rank's shard of the gradient averaged over the group: `full_grad` reduce-scattered
-    (a copy when world_size is 1)."""
-    return _reduce_scatter_mean(full_grad, world_size, group_name)
+    (a copy when world_size is 1), cast to `dtype` first (None: its own dtype)."""
+    return _reduce_scatter_mean(full_grad, world_size, group_name, dtype)
 
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad_start", mutates_args=())
@@ -380,8 +389,8 @@ def _(grad_shard, full_grad, after=None):
 
 
 @reduce_scatter_grad.register_fake
-def _(full_grad, world_size, group_name):
-    return full_grad.new_empty(full_grad.numel() // world_size)
+def _(full_grad, world_size, group_name, dtype=None):
+    return full_grad.new_empty(full_grad.numel() // world_size, dtype=dtype or full_grad.dtype)
 
 
 def _setup_context(ctx, inputs, output):
@@ -657,21 +666,29 @@ def _(shards, world_size, group_name, dtype=None, item_dtypes=None):
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket", mutates_args=())
 def reduce_scatter_grad_bucket(full_grads: list[torch.Tensor], world_size: int,
-                               group_name: str) -> list[torch.Tensor]:
+                               group_name: str, dtype: Optional[torch.dtype] = None
+                               ) -> list[torch.Tensor]:
     """reduce_scatter_grad of each full gradient, in one collective: rank r's slots of all of
-    them are laid side by side in row r of one buffer, so the buffer's r-th chunk is exactly
-    what rank r keeps. Per element the same sum as one collective per gradient."""
-    mine, _ = _grad_bucket_start(full_grads, world_size, group_name)
+    them are laid side by side in row r of one buffer (of `dtype`, None: the gradients' own;
+    each is cast as it is packed), so the buffer's r-th chunk is exactly what rank r keeps.
+    Per element the same sum as one collective per gradient."""
+    mine, _ = _grad_bucket_start(full_grads, world_size, group_name, dtype)
     return _grad_bucket_unpack(mine, [g.numel() // world_size for g in full_grads],
                                f"{OP_NAMESPACE}::reduce_scatter_grad_bucket")
 
 
-def _grad_bucket_start(full_grads, world_size: int, group_name: str) -> tuple:
-    """Packs a bucket's gradients into rows (rank r's slots of all of them side by side in row
-    r) and starts their one reduce-scatter; returns (this rank's part, not yet valid; rows)."""
+def _grad_bucket_start(full_grads, world_size: int, group_name: str,
+                       dtype: Optional[torch.dtype] = None) -> tuple:
+    """Packs a bucket's gradients into rows of `dtype` (rank r's slots of all of them side by
+    side in row r; each cast on the way) and starts their one reduce-scatter; returns (this
+    rank's part, not yet valid; rows)."""
     _check_grad_bucket(full_grads, world_size)
     sizes = [g.numel() // world_size for g in full_grads]
-    rows = torch.cat([g.reshape(world_size, n) for g, n in zip(full_grads, sizes)], dim=1)
+    rows = full_grads[0].new_empty((world_size, sum(sizes)), dtype=dtype or full_grads[0].dtype)
+    offset = 0
+    for g, n in zip(full_grads, sizes):
+        rows[:, offset:offset + n].copy_(g.reshape(world_size, n))
+        offset += n
     return _scatter_start(rows, world_size, group_name), rows.view(-1)
 
 
@@ -682,17 +699,20 @@ def _grad_bucket_unpack(mine: torch.Tensor, sizes: list, op: str) -> list:
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket_start", mutates_args=())
 def reduce_scatter_grad_bucket_start(full_grads: list[torch.Tensor], world_size: int,
-                                     group_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+                                     group_name: str, dtype: Optional[torch.dtype] = None
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Starts reduce_scatter_grad_bucket; returns (this rank's part of the packed gradients,
     not yet readable; the packed send buffer, to hold until reduce_scatter_grad_bucket_wait)."""
-    return _grad_bucket_start(full_grads, world_size, group_name)
+    return _grad_bucket_start(full_grads, world_size, group_name, dtype)
 
 
 @reduce_scatter_grad_bucket_start.register_fake
-def _(full_grads, world_size, group_name):
+def _(full_grads, world_size, group_name, dtype=None):
     _check_grad_bucket(full_grads, world_size)
     total = sum(g.numel() for g in full_grads)
-    return full_grads[0].new_empty(total // world_size), full_grads[0].new_empty(total)
+    dtype = dtype or full_grads[0].dtype
+    return (full_grads[0].new_empty(total // world_size, dtype=dtype),
+            full_grads[0].new_empty(total, dtype=dtype))
 
 
 # Functional, as dcr::allgather_cast_bucket_wait: its outputs are copies, and nothing else reads
@@ -723,6 +743,6 @@ def _check_grad_bucket(full_grads, world_size: int) -> None:
 
 
 @reduce_scatter_grad_bucket.register_fake
-def _(full_grads, world_size, group_name):
+def _(full_grads, world_size, group_name, dtype=None):
     _check_grad_bucket(full_grads, world_size)
-    return [g.new_empty(g.numel() // world_size) for g in full_grads]
+    return [g.new_empty(g.numel() // world_size, dtype=dtype or g.dtype) for g in full_grads]

@@ -21,8 +21,9 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.fx_arrays import compatibility_keys, graph_arrays
-from deepcompile_remat.fx_values import OPS, value_bytes
+from deepcompile_remat.fx_values import OPS
 from deepcompile_remat.zero3.bucketing import members_by_bucket, replace_with_bucket
+from deepcompile_remat.zero3.passes import scatter_dtype, scattered_bytes
 
 
 def _is_reduce_scatter(node: fx.Node) -> bool:
@@ -31,10 +32,10 @@ def _is_reduce_scatter(node: fx.Node) -> bool:
 
 
 def _reduce_scatter_key(node: fx.Node) -> tuple:
-    """What a bucket's members must share: world size, group, and the gradient's dtype and
-    device (one buffer per bucket)."""
+    """What a bucket's members must share: world size, group, the gradient's dtype and the
+    dtype it is reduced in, and device (one buffer per bucket)."""
     full = node.args[0].meta["val"]
-    return node.args[1], node.args[2], full.dtype, str(full.device)
+    return node.args[1], node.args[2], full.dtype, scatter_dtype(node), str(full.device)
 
 
 def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
@@ -48,15 +49,16 @@ def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
     bucket_of = _C.bucket_reduce_scatters(
         num_nodes=len(graph.nodes), edge_tails=graph.edge_tails, edge_heads=graph.edge_heads,
         candidates=np.asarray([ids[n] for n in candidates], dtype=np.int64),
-        bytes=np.asarray([value_bytes(n.args[0].meta["val"]) for n in candidates],
-                         dtype=np.float64),
+        bytes=np.asarray([scattered_bytes(n) for n in candidates], dtype=np.float64),
         keys=compatibility_keys([_reduce_scatter_key(n) for n in candidates]),
         bucket_bytes=float(bucket_bytes))
     buckets = members_by_bucket(candidates, bucket_of)
     for members in buckets:
         last = members[-1]
+        dtype = scatter_dtype(last)
         replace_with_bucket(gm, members, last, OPS.reduce_scatter_grad_bucket.default,
-                            ([m.args[0] for m in members], last.args[1], last.args[2]), {})
+                            ([m.args[0] for m in members], last.args[1], last.args[2]),
+                            {} if dtype == last.args[0].meta["val"].dtype else {"dtype": dtype})
     if buckets:
         gm.graph.lint()
         gm.recompile()

@@ -14,6 +14,12 @@ host -> copy -> widen on the accelerator``: half the bytes cross the host link, 
 reads the same values (the widening is exact, the gather's cast rounds as before), while the
 gradient's path through the copy, and so its precision, stay as they were.
 
+fold_reduce_casts (backward graph, after the cut): ``cast(grad, fp32) -> reduce_scatter_grad``,
+where the cast has no other reader, becomes ``reduce_scatter_grad(grad, dtype=fp32)``: the op
+casts into its send buffer (a bucket as it packs its rows), so a bucket's members wait in their
+16-bit dtype, and the compiler builds no kernel for the casts (FSDP2 casts outside its graph).
+The same values reach the collective.
+
 regather_within_secondary (joint graph) and read_secondary_in_backward (backward graph, after the
 cut): node-local re-gathers, ZeRO++'s hpZ, for shard groups with a secondary group
 (zero3.shard(secondary_group=...)). Each forward gather G keeps, beside the weight it gathers,
@@ -34,7 +40,7 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.fx_arrays import OP_CLASS, PIN_TO_FORWARD, RECOMPUTE_PRICE, output_nodes
-from deepcompile_remat.fx_values import OPS, is_view
+from deepcompile_remat.fx_values import OPS, is_view, value_bytes
 
 aten, prims = torch.ops.aten, torch.ops.prims
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -49,6 +55,26 @@ def gather_dtype(node: fx.Node):
     """The dtype argument of a dcr::allgather_cast node, positional or keyword; None: no cast."""
     args = list(node.args) + [None] * (4 - len(node.args))
     return node.kwargs.get("dtype", args[3])
+
+
+def scatter_dtype(node: fx.Node):
+    """The dtype a dcr::reduce_scatter_grad or _bucket node reduces in: its dtype argument,
+    else its gradients' own."""
+    args = list(node.args) + [None] * (4 - len(node.args))
+    dtype = node.kwargs.get("dtype", args[3])
+    if dtype is not None:
+        return dtype
+    grads = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+    return grads[0].meta["val"].dtype
+
+
+def scattered_bytes(node: fx.Node) -> float:
+    """The bytes of full gradient a reduce-scatter node (single or bucket) sends: its
+    gradients' elements in the dtype it reduces in."""
+    grads = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+    itemsize = torch.empty((), dtype=scatter_dtype(node)).element_size()
+    return float(sum(value_bytes(g.meta.get("val")) / g.meta["val"].element_size() * itemsize
+                     for g in grads))
 
 
 def _copy_vals(node: fx.Node):
@@ -324,3 +350,51 @@ def read_secondary_in_backward(bw: fx.GraphModule) -> tuple[int, int, int, int]:
         regathers += 1
         gathered += nbytes(node)
     return regathers, gathered, sum(nbytes(n) for n in secondaries.values()), dropped
+
+
+# Ops between a gradient's cast and its reduce-scatter that give the same values in either dtype:
+# views, and the zero padding of a gradient to a whole number of shards.
+_CAST_COMMUTING = (aten.slice_backward.default,)
+
+
+def _cast_feeding(node: fx.Node):
+    """(cast, the nodes from `node` back to it) where `node` is reached from a float-to-float
+    cast through views and zero padding only, each read by the next alone; else None."""
+    chain, cur = [], node
+    while isinstance(cur, fx.Node) and len(cur.users) == 1 and \
+            (is_view(cur) or cur.target in _CAST_COMMUTING):
+        chain.append(cur)
+        cur = cur.args[0]
+    if not isinstance(cur, fx.Node) or len(cur.users) != 1:
+        return None
+    dtype = _cast_target_dtype(cur)
+    src = cur.args[0] if cur.args else None
+    if dtype is None or not dtype.is_floating_point or not isinstance(src, fx.Node) or \
+            not isinstance(src.meta.get("val"), torch.Tensor) or \
+            not src.meta["val"].dtype.is_floating_point:
+        return None
+    return cur, chain
+
+
+def fold_reduce_casts(bw: fx.GraphModule) -> int:
+    """Rewrites `bw` in place (module docstring); returns how many casts moved into their
+    reduce-scatter. A view or zero padding between the two now runs in the gradient's dtype."""
+    folded = 0
+    for rs in list(bw.graph.find_nodes(op="call_function", target=OPS.reduce_scatter_grad.default)):
+        if len(rs.args) > 3 or rs.kwargs:
+            continue
+        found = _cast_feeding(rs.args[0])
+        if found is None:
+            continue
+        cast, chain = found
+        dtype = _cast_target_dtype(cast)
+        cast.replace_all_uses_with(cast.args[0])
+        bw.graph.erase_node(cast)
+        for node in reversed(chain):  # from the cast's old reader on: now in the gradient's dtype
+            _refresh_meta(node)
+        rs.kwargs = {"dtype": dtype}
+        folded += 1
+    if folded:
+        bw.graph.lint()
+        bw.recompile()
+    return folded

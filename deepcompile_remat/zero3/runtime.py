@@ -25,8 +25,9 @@ import torch.fx as fx
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_values import OP_NAMESPACE
 from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
-from deepcompile_remat.zero3.passes import (cast_before_gather, narrow_host_copies,
-                                            price_regathers, read_secondary_in_backward,
+from deepcompile_remat.zero3.passes import (cast_before_gather, fold_reduce_casts,
+                                            narrow_host_copies, price_regathers,
+                                            read_secondary_in_backward,
                                             regather_within_secondary)
 from deepcompile_remat.zero3.scratch import mark_scratch
 from deepcompile_remat.zero3.scatter_overlap import scatter_backends, split_reduce_scatters
@@ -72,6 +73,7 @@ class Zero3Runtime:
             raise ValueError("deepcompile_remat: the bucket sizes are unresolved ('auto'): "
                              "the planning layer sets them from the graph before rewrite()")
         figures = {tag: ScheduleFigures(graph=tag) for tag in ("fw", "bw")}
+        fold_reduce_casts(bw)  # before the schedule: the gradients wait in their own dtype
         # Before the schedule: it moves and buckets the re-gathers this points at the slices.
         regathers, gathered, held, dropped = read_secondary_in_backward(bw)
         if self.config.schedule_gathers:

@@ -27,6 +27,7 @@ import torch.fx as fx
 from deepcompile_remat import _C
 from deepcompile_remat.fx_arrays import graph_arrays, memory_graph
 from deepcompile_remat.fx_values import OPS
+from deepcompile_remat.zero3.passes import scatter_dtype
 from deepcompile_remat.zero3.schedule import apply_order, collective_backends
 
 
@@ -48,9 +49,18 @@ def _split(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, fx.Node]:
     the first read of its result); returns (start, wait)."""
     dcr, graph = OPS, gm.graph
     if _is(node, dcr.reduce_scatter_grad):
-        full_grad = node.args[0]
+        full_grad, world_size, group_name = node.args[:3]
+        dtype = scatter_dtype(node)
         with graph.inserting_before(node):
-            start = graph.call_function(dcr.reduce_scatter_grad_start.default, node.args)
+            if dtype != full_grad.meta["val"].dtype:
+                # In flight, the send buffer must be a graph value the wait holds (and the
+                # memory simulator counts): the cast folded into the collective comes back out.
+                val = full_grad.meta["val"]
+                full_grad = graph.call_function(torch.ops.prims.convert_element_type.default,
+                                                (full_grad, dtype))
+                full_grad.meta["val"] = val.to(dtype)
+            start = graph.call_function(dcr.reduce_scatter_grad_start.default,
+                                        (full_grad, world_size, group_name))
             start.meta["val"] = node.meta["val"]
         with graph.inserting_before(_first_reader(gm, node.users)):
             wait = graph.call_function(dcr.reduce_scatter_grad_wait.default, (start, full_grad))
@@ -63,7 +73,8 @@ def _split(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, fx.Node]:
     position = {n: i for i, n in enumerate(graph.nodes)}
     items = sorted(node.users, key=position.__getitem__)
     with graph.inserting_before(node):
-        start = graph.call_function(dcr.reduce_scatter_grad_bucket_start.default, node.args)
+        start = graph.call_function(dcr.reduce_scatter_grad_bucket_start.default, node.args,
+                                    node.kwargs)
         total = sum(g.meta["val"].numel() for g in full_grads)
         mine_val = grads[0].new_empty(total // world_size)
         start.meta["val"] = (mine_val, grads[0].new_empty(total))

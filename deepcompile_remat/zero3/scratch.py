@@ -5,9 +5,11 @@ bucket collectives hold, for the length of their call, buffers as large as the b
 (custom_ops.py; measured in the profiler's live set at the backward's peak, llama 4x512 seq
 1024 on 2 gloo ranks, benchmarks/README.md):
 
-- dcr::reduce_scatter_grad_bucket packs its S bytes of full gradients into one row buffer
-  (S), reduces into this rank's part of it (S / world) and copies each member's shard out;
-- dcr::reduce_scatter_grad reduces into its output, which it returns;
+- dcr::reduce_scatter_grad_bucket packs its full gradients, S bytes in the dtype it reduces
+  in, into one row buffer (S), reduces into this rank's part of it (S / world) and copies each
+  member's shard out;
+- dcr::reduce_scatter_grad reduces into its output, which it returns, after casting the
+  gradient into a send buffer (S) where it reduces in another dtype (passes.fold_reduce_casts);
 - on gloo, each reduce-scatter also copies this rank's chunk (S / world) inside the collective;
 - dcr::allgather_cast_bucket gathers into one packed buffer (its G output bytes) and copies
   each full parameter out of it.
@@ -23,6 +25,7 @@ import torch.fx as fx
 
 from deepcompile_remat.fx_arrays import SCRATCH_BYTES
 from deepcompile_remat.fx_values import OPS, value_bytes
+from deepcompile_remat.zero3.passes import scatter_dtype, scattered_bytes
 from deepcompile_remat.zero3.schedule import collective_backends
 
 
@@ -37,14 +40,15 @@ def scratch_bytes(node: fx.Node) -> float:
         return 0.0
     if node.target is OPS.reduce_scatter_grad_bucket.default:
         grads, world = node.args[0], node.args[1]
-        full = value_bytes([g.meta.get("val") for g in grads])
+        full = scattered_bytes(node)
         copied = full / world if world > 1 and _copies_its_chunk(node, grads[0]) else 0.0
         return full + full / world + copied
     if node.target is OPS.reduce_scatter_grad.default:
         grad, world = node.args[0], node.args[1]
-        if world > 1 and _copies_its_chunk(node, grad):
-            return value_bytes(grad.meta.get("val")) / world
-        return 0.0
+        full = scattered_bytes(node)
+        cast = full if scatter_dtype(node) != grad.meta["val"].dtype else 0.0
+        copied = full / world if world > 1 and _copies_its_chunk(node, grad) else 0.0
+        return cast + copied
     if node.target is OPS.allgather_cast_bucket.default:
         return value_bytes(node.meta.get("val"))
     return 0.0

@@ -24,6 +24,7 @@ from typing import Optional
 import torch.fx as fx
 
 from deepcompile_remat.fx_values import OPS, value_bytes
+from deepcompile_remat.zero3.passes import scattered_bytes
 from deepcompile_remat.zero3.schedule import ScheduleOptions
 
 CAP_BYTES = 1 << 28  # 256 MiB: the most one automatic bucket holds
@@ -77,7 +78,7 @@ def layer_bucket_sizes(gathers: fx.GraphModule,
     for node in scatters.graph.find_nodes(op="call_function",
                                           target=OPS.reduce_scatter_grad.default):
         layer = layer_of(_innermost_path(node, "fwd_nn_module_stack") or "")
-        grads[layer] = grads.get(layer, 0) + value_bytes(node.args[0].meta.get("val"))
+        grads[layer] = grads.get(layer, 0) + scattered_bytes(node)
     layers = sorted(k for k in set(gathered) | set(grads) if k)
     if not layers:  # one unit: everything it gathers in one collective each way
         return LayerBucketSizes(float(min(sum(gathered.values()), CAP_BYTES)),

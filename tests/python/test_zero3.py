@@ -306,9 +306,20 @@ def _gathers_are_downcast(rank, world, kind):
     torch.manual_seed(0)
     model = zero3.shard(MLP(d=24))  # Linear layers only: every weight is used in bf16 only
     x = torch.randn(4, 24)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with capture_partitions() as graphs, torch.autocast("cpu", dtype=torch.bfloat16):
         out = torch.compile(model, backend=dcr.backend(kind))(x)
     out.float().sum().backward()
+    # The backward's bf16 weight gradients reach their fp32 reduce-scatters uncast (flattened
+    # and zero-padded to whole shards in bf16): the collective casts as it packs
+    # (passes.fold_reduce_casts), no kernel of the graph does.
+    (_, bw, _), = graphs
+    scatters = [n for n in bw.graph.nodes if n.op == "call_function" and "reduce_scatter_grad"
+                in str(n.target) and "wait" not in str(n.target)]
+    assert scatters, bw.code
+    for n in scatters:
+        grads = n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
+        assert n.kwargs.get("dtype") is torch.float32, n.format_node()
+        assert all(g.meta["val"].dtype is torch.bfloat16 for g in grads), n.format_node()
     rep = dcr.reports()[-1]
     gather = f":{OP_NAMESPACE}::allgather_cast"  # buckets included
     gathers = [c for c in rep.collectives if gather in c]
@@ -325,6 +336,7 @@ def _gathers_are_downcast(rank, world, kind):
 
 @pytest.mark.parametrize("kind", ["eager", "inductor"])
 def test_cast_before_gather_under_autocast(kind):
+    """Gathers cast before they gather, and gradients are cast by their reduce-scatter."""
     run_ranks(_gathers_are_downcast, 2, kind)
 
 

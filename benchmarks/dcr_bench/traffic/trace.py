@@ -80,9 +80,12 @@ def collectives_of(fw: fx.GraphModule, bw: fx.GraphModule) -> list[Collective]:
             if name in _GATHERS:
                 phase = "forward gathers" if graph_tag == "fw" else "backward re-gathers"
                 size = _bytes_of(node.meta["val"])
-            elif name in _REDUCE_SCATTERS or name in _REPLICA_ALL_REDUCES:
-                phase = ("gradient reduce-scatters" if name in _REDUCE_SCATTERS
-                         else "replica all-reduces")
+            elif name in _REDUCE_SCATTERS:
+                # the full gradients in the dtype they are reduced in: world x this rank's shards
+                phase = "gradient reduce-scatters"
+                size = _bytes_of(node.meta["val"]) * int(node.args[1])
+            elif name in _REPLICA_ALL_REDUCES:
+                phase = "replica all-reduces"
                 grads = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
                 size = sum(_bytes_of(g.meta["val"]) for g in grads)
             else:
