@@ -682,7 +682,7 @@ def _grad_bucket_start(full_grads, world_size: int, group_name: str,
     """Packs a bucket's gradients into rows of `dtype` (rank r's slots of all of them side by
     side in row r; each cast on the way) and starts their one reduce-scatter; returns (this
     rank's part, not yet valid; rows)."""
-    _check_grad_bucket(full_grads, world_size)
+    _check_grad_bucket(full_grads, world_size, dtype)
     sizes = [g.numel() // world_size for g in full_grads]
     rows = full_grads[0].new_empty((world_size, sum(sizes)), dtype=dtype or full_grads[0].dtype)
     offset = 0
@@ -708,7 +708,7 @@ def reduce_scatter_grad_bucket_start(full_grads: list[torch.Tensor], world_size:
 
 @reduce_scatter_grad_bucket_start.register_fake
 def _(full_grads, world_size, group_name, dtype=None):
-    _check_grad_bucket(full_grads, world_size)
+    _check_grad_bucket(full_grads, world_size, dtype)
     total = sum(g.numel() for g in full_grads)
     dtype = dtype or full_grads[0].dtype
     return (full_grads[0].new_empty(total // world_size, dtype=dtype),
@@ -734,9 +734,22 @@ def _(grad_shard, rows, sizes, after=None):
     return [grad_shard.new_empty(n) for n in sizes]
 
 
-def _check_grad_bucket(full_grads, world_size: int) -> None:
-    _check_one_buffer(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket", "gradient", full_grads)
+def _check_grad_bucket(full_grads, world_size: int, dtype: Optional[torch.dtype] = None) -> None:
+    """One send buffer: without `dtype` the gradients share theirs; with it, any floating
+    dtypes, each cast as it is packed (the bf16 gradients of a layer's weights beside the fp32
+    ones of its norms, reduced in fp32). One device, and whole shards, either way."""
+    op = f"{OP_NAMESPACE}::reduce_scatter_grad_bucket"
+    if dtype is None:
+        _check_one_buffer(op, "gradient", full_grads)
+    elif not full_grads:
+        raise ValueError(f"{op}: empty bucket")
     for i, g in enumerate(full_grads):
+        if g.device != full_grads[0].device:
+            raise ValueError(f"{op}: gradient {i} is on {g.device}, gradient 0 on "
+                             f"{full_grads[0].device}; a bucket's gradients share one device")
+        if dtype is not None and not g.dtype.is_floating_point:
+            raise ValueError(f"{op}: gradient {i} is {g.dtype}; only floating gradients are "
+                             f"cast into a {dtype} bucket")
         if g.numel() % world_size:
             raise ValueError(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket: gradient {i} has "
                              f"{g.numel()} elements, not a multiple of the world size {world_size}")
@@ -744,5 +757,5 @@ def _check_grad_bucket(full_grads, world_size: int) -> None:
 
 @reduce_scatter_grad_bucket.register_fake
 def _(full_grads, world_size, group_name, dtype=None):
-    _check_grad_bucket(full_grads, world_size)
+    _check_grad_bucket(full_grads, world_size, dtype)
     return [g.new_empty(g.numel() // world_size, dtype=dtype or g.dtype) for g in full_grads]

@@ -32,10 +32,10 @@ def _is_reduce_scatter(node: fx.Node) -> bool:
 
 
 def _reduce_scatter_key(node: fx.Node) -> tuple:
-    """What a bucket's members must share: world size, group, the gradient's dtype and the
-    dtype it is reduced in, and device (one buffer per bucket)."""
+    """What a bucket's members must share: world size, group, the dtype they are reduced in
+    and device (one send buffer per bucket; each gradient is cast into it as it is packed)."""
     full = node.args[0].meta["val"]
-    return node.args[1], node.args[2], full.dtype, scatter_dtype(node), str(full.device)
+    return node.args[1], node.args[2], scatter_dtype(node), str(full.device)
 
 
 def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
@@ -56,9 +56,10 @@ def bucket_reduce_scatters(gm: fx.GraphModule, bucket_bytes: float) -> int:
     for members in buckets:
         last = members[-1]
         dtype = scatter_dtype(last)
+        cast = any(m.args[0].meta["val"].dtype != dtype for m in members)
         replace_with_bucket(gm, members, last, OPS.reduce_scatter_grad_bucket.default,
                             ([m.args[0] for m in members], last.args[1], last.args[2]),
-                            {} if dtype == last.args[0].meta["val"].dtype else {"dtype": dtype})
+                            {"dtype": dtype} if cast else {})
     if buckets:
         gm.graph.lint()
         gm.recompile()

@@ -727,6 +727,42 @@ def test_reduce_scatter_buckets_respect_uses_and_budget():
     assert bucket_reduce_scatters(build(False), 0) == 0
 
 
+def test_a_layers_bf16_and_fp32_gradients_share_one_fp32_reduce_scatter():
+    """Under autocast a layer's weight gradients are bf16 and its norms' fp32; folded into
+    their reduce-scatters (passes.fold_reduce_casts), all reduce in fp32, so they still share
+    one bucket (one collective per layer), cast as it packs: the values of a cast and then a
+    reduce. A bucket without a dtype still refuses mixed dtypes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from deepcompile_remat.zero3.grad_buckets import bucket_reduce_scatters
+
+    weight = torch.randn(64, dtype=torch.bfloat16)
+    norm = torch.randn(8)
+    shards = OPS.reduce_scatter_grad_bucket([weight, norm], 1, "0", dtype=torch.float32)
+    assert [s.dtype for s in shards] == [torch.float32] * 2
+    assert torch.equal(shards[0], weight.float()) and torch.equal(shards[1], norm)
+    with pytest.raises(ValueError, match="share dtype and device"):
+        OPS.reduce_scatter_grad_bucket([weight, norm], 1, "0")
+
+    rs = OPS.reduce_scatter_grad.default
+    with FakeTensorMode():
+        vals = (torch.empty(64, dtype=torch.bfloat16), torch.empty(8))
+    g = torch.fx.Graph()
+    outs = []
+    for i, v in enumerate(vals):
+        full = g.placeholder(f"full{i}")
+        full.meta["val"] = v
+        s = g.call_function(rs, (full, 2, "0"), {"dtype": torch.float32} if i == 0 else {})
+        s.meta["val"] = torch.empty_like(v[: v.numel() // 2], dtype=torch.float32)
+        outs.append(s)
+    g.output(tuple(outs))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert bucket_reduce_scatters(gm, 1 << 20) == 1
+    (bucket,) = [n for n in gm.graph.nodes if n.target is OPS.reduce_scatter_grad_bucket.default]
+    assert bucket.kwargs == {"dtype": torch.float32}
+    assert [a.name for a in bucket.args[0]] == ["full0", "full1"]
+
+
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])
 def test_the_simulator_counts_a_bucket_collectives_buffers(monkeypatch, backend):
     """What a bucketed collective allocates inside its call counts at its step (zero3/scratch.py):
