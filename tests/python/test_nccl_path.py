@@ -22,7 +22,7 @@ from deepcompile_remat import comm
 from deepcompile_remat.comm import collectives
 from deepcompile_remat.fx_values import OPS
 from deepcompile_remat.zero3 import custom_ops
-from deepcompile_remat.zero3.passes import gather_dtype
+from deepcompile_remat.zero3.passes import gather_dtype, scatter_dtype
 from dist_utils import run_ranks
 from graph_checks import capture_partitions, reads_before_wait
 from test_zero3 import STEPS, _train_and_compare
@@ -87,11 +87,11 @@ def _graph_collectives(graphs, world: int) -> tuple:
             elif node.target in (_DCR.reduce_scatter_grad_bucket.default,
                                  _DCR.reduce_scatter_grad_bucket_start.default):
                 grads = [g.meta["val"] for g in node.args[0]]
-                scatters[(str(grads[0].dtype), sum(g.numel() for g in grads))] += 1
+                scatters[(str(scatter_dtype(node)), sum(g.numel() for g in grads))] += 1
             elif node.target in (_DCR.reduce_scatter_grad.default,
                                  _DCR.reduce_scatter_grad_start.default):
                 grad = node.args[0].meta["val"]
-                scatters[(str(grad.dtype), grad.numel())] += 1
+                scatters[(str(scatter_dtype(node)), grad.numel())] += 1
     return packed, scatters
 
 

@@ -121,12 +121,13 @@ def _block_of(node: fx.Node, memo: dict) -> Optional[int]:
 
 def _predicted(gm: fx.GraphModule, persistent: set, preexisting: set) -> float:
     """Simulated peak of `gm` minus the bytes of the inputs in `preexisting` (alive before the
-    step)."""
+    step); ops' scratch (the collectives' packed buffers, simulate.op_workspace) counted."""
     from deepcompile_remat import _C
     from deepcompile_remat.fx_arrays import graph_arrays, memory_graph
+    from deepcompile_remat.partition.simulate import op_workspace
 
     graph = graph_arrays(gm)
-    memory = memory_graph(gm, persistent, graph=graph)
+    memory = memory_graph(gm, persistent, graph=graph, workspace=op_workspace(gm))
     order = np.flatnonzero(memory.is_input == 0).astype(np.int64)
     timeline = _C.simulate_memory(memory, order=order)
     before = sum(memory.bytes[i] for i, n in enumerate(graph.nodes)
