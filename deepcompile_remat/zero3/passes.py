@@ -72,7 +72,7 @@ def scattered_bytes(node: fx.Node) -> float:
     """The bytes of full gradient a reduce-scatter node (single or bucket) sends: its
     gradients' elements in the dtype it reduces in."""
     grads = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
-    itemsize = torch.empty((), dtype=scatter_dtype(node)).element_size()
+    itemsize = scatter_dtype(node).itemsize
     return float(sum(value_bytes(g.meta.get("val")) / g.meta["val"].element_size() * itemsize
                      for g in grads))
 
