@@ -1,13 +1,15 @@
 """The table of README "The defaults at training shapes (issue 41)", 2026-11-28: each cell's
 step peak, median step s per round, CPU s, the ratio to fsdp2-block-compiled's step in the same
 round, the first step (order-biased here: the peers of a cell share one inductor cache) and
-collectives. Run: python summarize.py (reads the r1-*/r2-* folders beside it)."""
+collectives. Run: python summarize.py [FOLDER] (reads the r1-*/r2-* folders beside it, or in
+FOLDER: ../defaults-fold-2026-11-28 holds the autocast cells after fold_reduce_casts)."""
 import collections
 import glob
 import json
 import os
+import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 cells = collections.defaultdict(dict)
 for f in sorted(glob.glob(os.path.join(HERE, "r*-*", "results.json"))):
     _, cell = os.path.basename(os.path.dirname(f)).split("-", 1)
