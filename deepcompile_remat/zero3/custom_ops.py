@@ -751,8 +751,8 @@ def _check_grad_bucket(full_grads, world_size: int, dtype: Optional[torch.dtype]
             raise ValueError(f"{op}: gradient {i} is {g.dtype}; only floating gradients are "
                              f"cast into a {dtype} bucket")
         if g.numel() % world_size:
-            raise ValueError(f"{OP_NAMESPACE}::reduce_scatter_grad_bucket: gradient {i} has "
-                             f"{g.numel()} elements, not a multiple of the world size {world_size}")
+            raise ValueError(f"{op}: gradient {i} has {g.numel()} elements, not a multiple "
+                             f"of the world size {world_size}")
 
 
 @reduce_scatter_grad_bucket.register_fake
