@@ -148,6 +148,54 @@ int64_t AssignBuckets(const MemoryGraph& g, Span<int64_t> order, Span<uint8_t> i
   return next;
 }
 
+// The peak of `order` as the runtime runs it once bucketed (zero3/schedule.py): a bucket's
+// members are gathered together where its first member stands, and the bucket's collective
+// holds a packed buffer as large as its members inside its call (zero3/scratch.py), counted at
+// its last member's step, where the simulator has all of its outputs alive.
+double BucketedPeak(const MemoryGraph& g, const std::vector<int64_t>& order,
+                    const std::vector<int64_t>& bucket_of, int64_t num_buckets) {
+  if (num_buckets == 0) return SimulateMemoryUnchecked(g, order).peak_bytes;
+  std::vector<std::vector<int64_t>> members(num_buckets);
+  for (int64_t v : order) {
+    if (bucket_of[v] >= 0) members[bucket_of[v]].push_back(v);
+  }
+  std::vector<double> workspace(g.num_nodes, 0.0);
+  for (size_t v = 0; v < g.workspace.size; ++v) workspace[v] = g.workspace[v];
+  std::vector<int64_t> bucketed;
+  bucketed.reserve(order.size());
+  for (int64_t v : order) {
+    const int64_t b = bucket_of[v];
+    if (b < 0) {
+      bucketed.push_back(v);
+    } else if (members[b].front() == v) {
+      double packed = 0;
+      for (int64_t m : members[b]) bucketed.push_back(m), packed += g.bytes[m];
+      workspace[members[b].back()] += packed;
+    }  // any other member went with the first
+  }
+  MemoryGraph with_buffers = g;
+  with_buffers.workspace = workspace;
+  return SimulateMemoryUnchecked(with_buffers, bucketed).peak_bytes;
+}
+
+// The order, buckets and bucketed peak of prefetch distance `distance`.
+struct Candidate {
+  std::vector<int64_t> order, bucket_of;
+  int64_t num_buckets = 0;
+  double peak_bytes = 0;
+};
+
+Candidate Plan(const MemoryGraph& g, const Placement& p, Span<uint8_t> is_gather,
+               Span<int64_t> gather_key, int64_t distance, double bucket_bytes) {
+  Candidate c;
+  std::vector<int64_t> slot_of(g.num_nodes, -1);
+  c.order = BuildOrder(p, is_gather, distance, &slot_of);
+  c.num_buckets = AssignBuckets(g, c.order, is_gather, gather_key, slot_of, bucket_bytes,
+                                &c.bucket_of);
+  c.peak_bytes = BucketedPeak(g, c.order, c.bucket_of, c.num_buckets);
+  return c;
+}
+
 }  // namespace
 
 RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_order,
@@ -166,21 +214,20 @@ RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_ord
   RegatherSchedule s;
   s.peak_bytes_input_order = SimulateMemoryUnchecked(g, input_order).peak_bytes;
   const Placement p = Analyze(g, input_order, movable);
-  std::vector<int64_t> slot_of(g.num_nodes, -1);
-  s.order = BuildOrder(p, is_gather, 0, &slot_of);
-  s.peak_bytes_no_prefetch = s.peak_bytes = SimulateMemoryUnchecked(g, s.order).peak_bytes;
-  const double budget = options.prefetch_budget_bytes < 0 ? s.peak_bytes_no_prefetch : options.prefetch_budget_bytes;
+  Candidate best = Plan(g, p, is_gather, gather_key, 0, options.bucket_bytes);
+  s.peak_bytes_no_prefetch = best.peak_bytes;
+  const double budget = options.prefetch_budget_bytes < 0 ? s.peak_bytes_no_prefetch
+                                                          : options.prefetch_budget_bytes;
   for (int64_t d = 1; d <= options.max_prefetch; ++d) {
-    std::vector<int64_t> order = BuildOrder(p, is_gather, d, &slot_of);
-    const double peak = SimulateMemoryUnchecked(g, order).peak_bytes;
-    if (peak > budget) break;  // peaks only grow with d: gathers only move earlier
-    s.order = std::move(order);
-    s.peak_bytes = peak;
+    Candidate next = Plan(g, p, is_gather, gather_key, d, options.bucket_bytes);
+    if (next.peak_bytes > budget) break;  // gathers only move earlier with d
+    best = std::move(next);
     s.prefetch_distance = d;
   }
-  BuildOrder(p, is_gather, s.prefetch_distance, &slot_of);
-  s.num_buckets = AssignBuckets(g, s.order, is_gather, gather_key, slot_of, options.bucket_bytes,
-                                &s.bucket_of);
+  s.order = std::move(best.order);
+  s.bucket_of = std::move(best.bucket_of);
+  s.num_buckets = best.num_buckets;
+  s.peak_bytes = best.peak_bytes;
   return s;
 }
 

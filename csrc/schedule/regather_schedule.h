@@ -6,7 +6,10 @@
 // lives only as long as its use), then every gather is moved `d` anchors earlier (prefetch:
 // its communication can overlap the preceding compute). d is chosen with the memory simulator
 // (memsim/memory_sim.h): the largest d <= max_prefetch whose simulated peak stays within the
-// budget; budget < 0 means "no higher than the peak at d = 0" (prefetch for free).
+// budget; budget < 0 means "no higher than the peak at d = 0" (prefetch for free). Each d is
+// simulated as the runtime runs it, bucketed: a bucket's members gathered together at its
+// first member, its collective holding a packed buffer as large as its members for the
+// length of its call; the peaks reported are those.
 //
 // Bucketing (bucket_of), the one place that decides which gathers share a collective, for the
 // runtime to issue each bucket as one grouped gather where its first member stands. Only
@@ -24,7 +27,7 @@
 // Ids: pass 2's buckets, then the other groups of several members in order; buckets of one
 // member are dropped (-1).
 //
-// Complexity O(max_prefetch * (n + m) + g log g) for g gathers. Deterministic: ties keep the
+// Complexity O(max_prefetch * (n + m + g log g)) for g gathers. Deterministic: ties keep the
 // input order.
 #pragma once
 
@@ -51,9 +54,9 @@ struct ScheduleOptions {
 struct RegatherSchedule {
   std::vector<int64_t> order;       // every non-input node
   int64_t prefetch_distance = 0;
-  double peak_bytes = 0;            // simulated, with the chosen distance
-  double peak_bytes_no_prefetch = 0;
-  double peak_bytes_input_order = 0;  // the order before scheduling
+  double peak_bytes = 0;            // simulated, bucketed, with the chosen distance
+  double peak_bytes_no_prefetch = 0;  // bucketed, at d = 0
+  double peak_bytes_input_order = 0;  // the order before scheduling (no buckets)
   std::vector<int64_t> bucket_of;   // per node: its gather bucket, -1 (not a gather, or alone)
   int64_t num_buckets = 0;          // bucket ids are 0 .. num_buckets - 1
 };

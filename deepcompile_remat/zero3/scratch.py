@@ -15,7 +15,8 @@ bucket collectives hold, for the length of their call, buffers as large as the b
   each full parameter out of it.
 
 mark_scratch writes those bytes into each node's meta (fx_arrays.SCRATCH_BYTES), which the
-simulator counts at that node's step only. The split start/wait forms return their buffers
+simulator counts at that node's step only. The gather schedule, which decides the gather
+buckets, counts a bucket's packed buffer itself (csrc/schedule/regather_schedule.h). The split start/wait forms return their buffers
 as graph values, which the simulator sees already; gloo's copy inside a started
 reduce-scatter is not priced (on NCCL there is none, and "auto" splits only on NCCL).
 """

@@ -253,6 +253,29 @@ TEST(RegatherSchedule, PacksGroupsAtOneSlotAsUnits) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(s.bucket_of[weights[i]], s.bucket_of[biases[i]]);
 }
 
+// The peaks are those of the bucketed graph the runtime runs: a bucket's members are gathered
+// together at its first member, and its collective holds a packed buffer as large as its
+// members inside its call (zero3/scratch.py). Unbucketed, each 8-byte weight lives alone.
+TEST(RegatherSchedule, PeaksCountTheBucketAndItsPackedBuffer) {
+  Graph g;
+  const int64_t s0 = g.Add(1, {}, true), s1 = g.Add(1, {}, true);
+  const int64_t w0 = g.Add(8, {s0}), w1 = g.Add(8, {s1});
+  for (int64_t w : {w0, w1}) g.movable[w] = g.is_gather[w] = 1;
+  const int64_t y0 = g.Add(1, {w0});
+  const int64_t y1 = g.Add(1, {y0, w1});
+  g.keep[y1] = 1;
+  const std::vector<int64_t> order = {w0, y0, w1, y1};
+  const RegatherSchedule alone = g.Schedule(order, ScheduleOptions(0, -1, 0));
+  const RegatherSchedule bucketed = g.Schedule(order, ScheduleOptions(0, -1, 64));
+  ASSERT_EQ(bucketed.num_buckets, 1);
+  EXPECT_EQ(alone.order, bucketed.order);  // the order is the runtime's to bucket
+  // Both inputs and one weight at most, unbucketed: 1 + 1 + 8.
+  EXPECT_DOUBLE_EQ(alone.peak_bytes, 10);
+  // At the bucket: s1 (s0 was freed after its gather), both weights and their packed copy.
+  EXPECT_DOUBLE_EQ(bucketed.peak_bytes, 1 + 8 + 8 + 16);
+  EXPECT_DOUBLE_EQ(bucketed.peak_bytes_no_prefetch, bucketed.peak_bytes);
+}
+
 TEST(RegatherSchedule, RejectsBadArguments) {
   ThreeLayers m;
   EXPECT_THROW(m.g.Schedule(m.order, ScheduleOptions(-1, -1, 0)), std::invalid_argument);
