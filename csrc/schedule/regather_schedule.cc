@@ -18,9 +18,14 @@ struct Placement {
   std::vector<int64_t> need;        // per node: anchor index of first (transitive) use
   std::vector<int64_t> earliest;    // per node: first anchor index its producers allow
   std::vector<int64_t> movable_in_order;
+  // per node: a movable non-gather whose users are all movable and lead to a gather (a host
+  // shard's copy to the accelerator): it moves with the gathers it feeds
+  std::vector<uint8_t> feeds_gather;
+  std::vector<std::vector<int64_t>> users, producers;
 };
 
-Placement Analyze(const MemoryGraph& g, Span<int64_t> input_order, Span<uint8_t> movable) {
+Placement Analyze(const MemoryGraph& g, Span<int64_t> input_order, Span<uint8_t> movable,
+                  Span<uint8_t> is_gather) {
   const int64_t n = g.num_nodes;
   Placement p;
   std::vector<int64_t> anchor_index(n, -1), pos(n, -1);
@@ -41,9 +46,15 @@ Placement Analyze(const MemoryGraph& g, Span<int64_t> input_order, Span<uint8_t>
   }
   const int64_t end = static_cast<int64_t>(p.anchors.size());
   p.need.assign(n, end);
+  p.feeds_gather.assign(n, 0);
   for (auto it = p.movable_in_order.rbegin(); it != p.movable_in_order.rend(); ++it) {
     const int64_t v = *it;
-    for (int64_t u : users[v]) p.need[v] = std::min(p.need[v], movable[u] ? p.need[u] : anchor_index[u]);
+    bool feeds = !is_gather[v] && !users[v].empty();
+    for (int64_t u : users[v]) {
+      p.need[v] = std::min(p.need[v], movable[u] ? p.need[u] : anchor_index[u]);
+      feeds = feeds && movable[u] && (is_gather[u] || p.feeds_gather[u]);
+    }
+    p.feeds_gather[v] = feeds;
   }
   p.earliest.assign(n, 0);
   for (int64_t v : p.movable_in_order) {
@@ -60,6 +71,8 @@ Placement Analyze(const MemoryGraph& g, Span<int64_t> input_order, Span<uint8_t>
                                   " is needed before its inputs exist; the input order is invalid");
     }
   }
+  p.users = std::move(users);
+  p.producers = std::move(producers);
   return p;
 }
 
@@ -69,11 +82,16 @@ std::vector<int64_t> BuildOrder(const Placement& p, Span<uint8_t> is_gather, int
   std::vector<std::vector<int64_t>> before(num_anchors + 1);
   slot_of->assign(slot_of->size(), -1);
   // Gathers first (they may move earlier), then their aliases: an alias goes at its own need,
-  // but never before the slot of what it reads.
+  // but never before the slot of what it reads. What feeds a gather goes with the earliest of
+  // its readers (users come later in the input order: a reverse pass).
   for (int64_t v : p.movable_in_order) {
     int64_t slot = p.need[v];
     if (is_gather[v]) slot = std::max(p.earliest[v], slot - distance);
     (*slot_of)[v] = slot;
+  }
+  for (auto it = p.movable_in_order.rbegin(); it != p.movable_in_order.rend(); ++it) {
+    if (!p.feeds_gather[*it]) continue;
+    for (int64_t u : p.users[*it]) (*slot_of)[*it] = std::min((*slot_of)[*it], (*slot_of)[u]);
   }
   for (int64_t v : p.movable_in_order) before[(*slot_of)[v]].push_back(v);  // input order kept
   std::vector<int64_t> order;
@@ -86,19 +104,21 @@ std::vector<int64_t> BuildOrder(const Placement& p, Span<uint8_t> is_gather, int
 }
 
 // Pass 1 and 2 of the header's bucketing, over the final order. Returns the number of buckets.
-int64_t AssignBuckets(const MemoryGraph& g, Span<int64_t> order, Span<uint8_t> is_gather,
-                      Span<int64_t> gather_key, const std::vector<int64_t>& slot_of,
-                      double bucket_bytes, std::vector<int64_t>* bucket_of) {
+int64_t AssignBuckets(const MemoryGraph& g, const Placement& p, Span<int64_t> order,
+                      Span<uint8_t> is_gather, Span<int64_t> gather_key,
+                      const std::vector<int64_t>& slot_of, double bucket_bytes,
+                      std::vector<int64_t>* bucket_of) {
   bucket_of->assign(g.num_nodes, -1);
   if (bucket_bytes <= 0) return 0;
   auto small_gather = [&](int64_t v) { return is_gather[v] && g.bytes[v] <= bucket_bytes; };
   std::vector<int64_t> position(g.num_nodes, -1);
   for (size_t k = 0; k < order.size; ++k) position[order[k]] = static_cast<int64_t>(k);
-  // A gather may run no earlier than its producers (graph inputs exist before step 0: -1).
+  // A gather may run no earlier than its producers (graph inputs exist before step 0: -1),
+  // looking through what feeds it: that moves with it (Bucketed).
   std::vector<int64_t> ready(g.num_nodes, -1);
-  for (size_t i = 0; i < g.edge_tails.size; ++i) {
-    const int64_t head = g.edge_heads[i];
-    ready[head] = std::max(ready[head], position[g.edge_tails[i]]);
+  for (int64_t v : order) {
+    for (int64_t q : p.producers[v])
+      ready[v] = std::max(ready[v], p.feeds_gather[q] ? ready[q] : position[q]);
   }
   // Pass 1: one group per (slot, key), its members in order; groups in order of their first
   // member.
@@ -148,34 +168,55 @@ int64_t AssignBuckets(const MemoryGraph& g, Span<int64_t> order, Span<uint8_t> i
   return next;
 }
 
-// The peak of `order` as the runtime runs it once bucketed (zero3/schedule.py): a bucket's
-// members are gathered together where its first member stands, and the bucket's collective
-// holds a packed buffer as large as its members inside its call (zero3/scratch.py), counted at
-// its last member's step, where the simulator has all of its outputs alive.
-double BucketedPeak(const MemoryGraph& g, const std::vector<int64_t>& order,
-                    const std::vector<int64_t>& bucket_of, int64_t num_buckets) {
-  if (num_buckets == 0) return SimulateMemoryUnchecked(g, order).peak_bytes;
+// `order` as the runtime runs it once bucketed (zero3/schedule.py): a bucket's members
+// together where its first member stands, and what feeds a gather (a host shard's copy) just
+// before the gather or bucket that reads it.
+std::vector<int64_t> Bucketed(const Placement& p, const std::vector<int64_t>& order,
+                              const std::vector<int64_t>& bucket_of, int64_t num_buckets) {
   std::vector<std::vector<int64_t>> members(num_buckets);
   for (int64_t v : order) {
     if (bucket_of[v] >= 0) members[bucket_of[v]].push_back(v);
   }
-  std::vector<double> workspace(g.num_nodes, 0.0);
-  for (size_t v = 0; v < g.workspace.size; ++v) workspace[v] = g.workspace[v];
-  std::vector<int64_t> bucketed;
-  bucketed.reserve(order.size());
+  std::vector<uint8_t> placed(p.feeds_gather.size(), 0);
+  std::vector<int64_t> out;
+  out.reserve(order.size());
+  // A feeder's own feeders first (post-order): its producers are graph inputs or feeders.
+  auto place_feeders = [&](int64_t v, auto&& self) -> void {
+    for (int64_t q : p.producers[v]) {
+      if (p.feeds_gather[q] && !placed[q]) self(q, self), placed[q] = 1, out.push_back(q);
+    }
+  };
   for (int64_t v : order) {
+    if (p.feeds_gather[v]) continue;  // placed with the gather it feeds
     const int64_t b = bucket_of[v];
     if (b < 0) {
-      bucketed.push_back(v);
+      place_feeders(v, place_feeders);
+      out.push_back(v);
     } else if (members[b].front() == v) {
-      double packed = 0;
-      for (int64_t m : members[b]) bucketed.push_back(m), packed += g.bytes[m];
-      workspace[members[b].back()] += packed;
+      for (int64_t m : members[b]) place_feeders(m, place_feeders);
+      for (int64_t m : members[b]) out.push_back(m);
     }  // any other member went with the first
   }
+  return out;
+}
+
+// The simulated peak of a Bucketed order: each bucket's collective holds a packed buffer as
+// large as its members inside its call (zero3/scratch.py), counted at its last member's step,
+// where the simulator has all of its outputs alive.
+double BucketedPeak(const MemoryGraph& g, const std::vector<int64_t>& order,
+                    const std::vector<int64_t>& bucket_of, int64_t num_buckets) {
+  if (num_buckets == 0) return SimulateMemoryUnchecked(g, order).peak_bytes;
+  std::vector<double> packed(num_buckets, 0.0);
+  std::vector<int64_t> last(num_buckets, -1);
+  for (int64_t v : order) {
+    if (bucket_of[v] >= 0) packed[bucket_of[v]] += g.bytes[v], last[bucket_of[v]] = v;
+  }
+  std::vector<double> workspace(g.num_nodes, 0.0);
+  for (size_t v = 0; v < g.workspace.size; ++v) workspace[v] = g.workspace[v];
+  for (int64_t b = 0; b < num_buckets; ++b) workspace[last[b]] += packed[b];
   MemoryGraph with_buffers = g;
   with_buffers.workspace = workspace;
-  return SimulateMemoryUnchecked(with_buffers, bucketed).peak_bytes;
+  return SimulateMemoryUnchecked(with_buffers, order).peak_bytes;
 }
 
 // The order, buckets and bucketed peak of prefetch distance `distance`.
@@ -189,9 +230,10 @@ Candidate Plan(const MemoryGraph& g, const Placement& p, Span<uint8_t> is_gather
                Span<int64_t> gather_key, int64_t distance, double bucket_bytes) {
   Candidate c;
   std::vector<int64_t> slot_of(g.num_nodes, -1);
-  c.order = BuildOrder(p, is_gather, distance, &slot_of);
-  c.num_buckets = AssignBuckets(g, c.order, is_gather, gather_key, slot_of, bucket_bytes,
+  const std::vector<int64_t> order = BuildOrder(p, is_gather, distance, &slot_of);
+  c.num_buckets = AssignBuckets(g, p, order, is_gather, gather_key, slot_of, bucket_bytes,
                                 &c.bucket_of);
+  c.order = Bucketed(p, order, c.bucket_of, c.num_buckets);
   c.peak_bytes = BucketedPeak(g, c.order, c.bucket_of, c.num_buckets);
   return c;
 }
@@ -213,7 +255,7 @@ RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_ord
   }
   RegatherSchedule s;
   s.peak_bytes_input_order = SimulateMemoryUnchecked(g, input_order).peak_bytes;
-  const Placement p = Analyze(g, input_order, movable);
+  const Placement p = Analyze(g, input_order, movable, is_gather);
   Candidate best = Plan(g, p, is_gather, gather_key, 0, options.bucket_bytes);
   s.peak_bytes_no_prefetch = best.peak_bytes;
   const double budget = options.prefetch_budget_bytes < 0 ? s.peak_bytes_no_prefetch

@@ -1,10 +1,11 @@
 // Where the backward (or forward) re-gathers its ZeRO-3 parameters.
 //
 // Nodes are `anchors` (the graph's own work, kept in their given order) or `movable` (a
-// parameter gather and the views/casts that only reshape its result). Each movable node is
-// placed just before the first anchor that needs it (as late as possible: a gathered weight
-// lives only as long as its use), then every gather is moved `d` anchors earlier (prefetch:
-// its communication can overlap the preceding compute). d is chosen with the memory simulator
+// parameter gather, the views/casts that only reshape its result, and the copies that only
+// feed it: a host shard's cast and copy to the accelerator under offload_param). Each movable
+// node is placed just before the first anchor that needs it (as late as possible: a gathered
+// weight lives only as long as its use), then every gather is moved `d` anchors earlier
+// (prefetch: its communication can overlap the preceding compute), with what feeds it. d is chosen with the memory simulator
 // (memsim/memory_sim.h): the largest d <= max_prefetch whose simulated peak stays within the
 // budget; budget < 0 means "no higher than the peak at d = 0" (prefetch for free). Each d is
 // simulated as the runtime runs it, bucketed: a bucket's members gathered together at its
@@ -52,7 +53,8 @@ struct ScheduleOptions {
 };
 
 struct RegatherSchedule {
-  std::vector<int64_t> order;       // every non-input node
+  std::vector<int64_t> order;       // every non-input node, bucketed: a bucket's members
+                                    // consecutive at its first, feeders just before
   int64_t prefetch_distance = 0;
   double peak_bytes = 0;            // simulated, bucketed, with the chosen distance
   double peak_bytes_no_prefetch = 0;  // bucketed, at d = 0

@@ -85,6 +85,23 @@ def _is_reshape_or_cast(node: fx.Node) -> bool:
         torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)
 
 
+def _feeders(nodes: list) -> set:
+    """The copies, casts and views that only feed gathers, from graph inputs (under
+    offload_param: a host shard's cast and its copy to the accelerator). They move with the
+    gather they feed, so a prefetched gather brings its host-to-device copy along."""
+    chain = set()
+    for node in nodes:  # forward: made from graph inputs through copies only
+        if _is_reshape_or_cast(node) and node.all_input_nodes and all(
+                p.op in ("placeholder", "get_attr") or p in chain for p in node.all_input_nodes):
+            chain.add(node)
+    feeders = set()
+    for node in reversed(nodes):  # backward: read by gathers (or feeders) only
+        if node in chain and node.users and all(
+                is_allgather_cast(u) or u in feeders for u in node.users):
+            feeders.add(node)
+    return feeders
+
+
 def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str,
                      persistent_names: Iterable[str] = ()) -> ScheduleFigures:
     """Reorders and buckets `gm` in place as the C++ schedule decides; returns its figures.
@@ -94,6 +111,8 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
     nodes, ids = exported.nodes, exported.ids
     movable = np.zeros(len(nodes), dtype=np.uint8)
     is_gather = np.zeros(len(nodes), dtype=np.uint8)
+    for node in _feeders(nodes):
+        movable[ids[node]] = 1
     for i, node in enumerate(nodes):
         if is_allgather_cast(node):
             movable[i] = is_gather[i] = 1

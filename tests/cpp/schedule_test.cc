@@ -268,12 +268,41 @@ TEST(RegatherSchedule, PeaksCountTheBucketAndItsPackedBuffer) {
   const RegatherSchedule alone = g.Schedule(order, ScheduleOptions(0, -1, 0));
   const RegatherSchedule bucketed = g.Schedule(order, ScheduleOptions(0, -1, 64));
   ASSERT_EQ(bucketed.num_buckets, 1);
-  EXPECT_EQ(alone.order, bucketed.order);  // the order is the runtime's to bucket
+  EXPECT_EQ(alone.order, order);
+  const std::vector<int64_t> together = {w0, w1, y0, y1};  // the bucket at its first member
+  EXPECT_EQ(bucketed.order, together);
   // Both inputs and one weight at most, unbucketed: 1 + 1 + 8.
   EXPECT_DOUBLE_EQ(alone.peak_bytes, 10);
   // At the bucket: s1 (s0 was freed after its gather), both weights and their packed copy.
   EXPECT_DOUBLE_EQ(bucketed.peak_bytes, 1 + 8 + 8 + 16);
   EXPECT_DOUBLE_EQ(bucketed.peak_bytes_no_prefetch, bucketed.peak_bytes);
+}
+
+// offload_param: a host shard's copy to the accelerator feeds only its gather. It moves with
+// the gather when the gather is prefetched (before, it stayed where it was and held the
+// gather there), and with the bucket when the gather joins one at an earlier member.
+TEST(RegatherSchedule, WhatFeedsAGatherMovesWithIt) {
+  Graph g;
+  const int64_t x = g.Add(1, {}, true);
+  const int64_t s0 = g.Add(1, {}, true), s1 = g.Add(1, {}, true);
+  const int64_t w0 = g.Add(8, {s0});
+  const int64_t copy = g.Add(1, {s1});  // the host shard on the accelerator
+  const int64_t w1 = g.Add(8, {copy});
+  g.movable[copy] = 1;
+  for (int64_t w : {w0, w1}) g.movable[w] = g.is_gather[w] = 1;
+  const int64_t y0 = g.Add(1, {x, w0});
+  const int64_t y1 = g.Add(1, {y0, w1});
+  g.keep[y1] = 1;
+  const std::vector<int64_t> order = {w0, y0, copy, w1, y1};
+  RegatherSchedule s = g.Schedule(order, ScheduleOptions(1, 1e9, 0));
+  EXPECT_EQ(s.prefetch_distance, 1);
+  const std::vector<int64_t> prefetched = {w0, copy, w1, y0, y1};
+  EXPECT_EQ(s.order, prefetched);
+  s = g.Schedule(order, ScheduleOptions(0, -1, 64));  // no prefetch; one bucket at w0
+  ASSERT_EQ(s.num_buckets, 1);
+  EXPECT_EQ(s.bucket_of[w1], s.bucket_of[w0]);
+  const std::vector<int64_t> bucketed = {copy, w0, w1, y0, y1};
+  EXPECT_EQ(s.order, bucketed);
 }
 
 TEST(RegatherSchedule, RejectsBadArguments) {

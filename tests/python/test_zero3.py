@@ -378,6 +378,50 @@ def test_host_shards_cross_the_link_in_the_gathered_dtype():
     assert torch.equal(x.to(torch.bfloat16).float().to(torch.bfloat16), x.to(torch.bfloat16))
 
 
+def _offloaded_two_layers():
+    """Two weights whose host shards are copied to the accelerator (the meta device here) for
+    their gathers, the second used after the first layer's compute."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    acc = torch.device("meta")
+
+    def step(w0, w1, x):
+        a = OPS.allgather_cast(w0.to(acc, non_blocking=True), 1, "0").view(8, 8)
+        h = torch.sin(x @ a.t()) * 2
+        b = OPS.allgather_cast(w1.to(acc, non_blocking=True), 1, "0").view(8, 8)
+        return h @ b.t()
+
+    return make_fx(step, tracing_mode="fake")(torch.randn(64), torch.randn(64),
+                                               torch.randn(4, 8, device=acc))
+
+
+@pytest.mark.parametrize("bucket_bytes", [0.0, 1e9])
+def test_a_host_shards_copy_moves_with_its_prefetched_gather(bucket_bytes):
+    """offload_param: the copy of a host shard to the accelerator only feeds its gather, so it
+    moves with it. Silent bug guarded: the copy stayed where it was traced, just before the
+    weight's use, and held its gather there (no prefetch under offload_param); with buckets,
+    a member's copy after the bucket's site would be read before it exists."""
+    from deepcompile_remat.zero3.schedule import ScheduleOptions, schedule_gathers
+
+    gm = _offloaded_two_layers()
+    options = ScheduleOptions(max_prefetch=2, prefetch_budget_bytes=1e12,
+                              bucket_bytes=bucket_bytes, async_gathers="off")
+    figures = schedule_gathers(gm, options, graph="fw")
+    gm.graph.lint()  # every node after what it reads
+    order = list(gm.graph.nodes)
+    sin = next(n for n in order if n.target is torch.ops.aten.sin.default)
+    copies = [n for n in order if n.target is torch.ops.aten._to_copy.default]
+    assert len(copies) == 2
+    if bucket_bytes:
+        assert figures.buckets == 1
+        (bucket,) = [n for n in order if n.target is OPS.allgather_cast_bucket.default]
+        assert all(order.index(c) < order.index(bucket) < order.index(sin) for c in copies)
+    else:
+        assert figures.prefetch_distance >= 1
+        second = [n for n in order if n.target is OPS.allgather_cast.default][1]
+        assert order.index(copies[1]) < order.index(second) < order.index(sin)
+
+
 class TiedOddFrozen(nn.Module):
     """Tied embedding/head, odd sizes that do not split evenly, and a frozen parameter."""
 

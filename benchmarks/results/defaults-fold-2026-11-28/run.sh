@@ -1,7 +1,8 @@
 # The default entry points against FSDP2 + per-block compile and DeepSpeed at the autocast cells
 # of defaults-avx512-2026-11-28 (where a bf16 gradient reaches an fp32 reduce-scatter), after
 # fold_reduce_casts: one round, each cell on a fresh inductor cache.
-cd "$(dirname "$0")"  # results land beside this script
+# Usage: bash run.sh [OUT] (default: results land beside this script)
+mkdir -p "${1:-$(dirname "$0")}" && cd "${1:-$(dirname "$0")}"
 P="ours-deepspeed ours-compile fsdp2-block-compiled deepspeed-lean"
 for cell in "llama autocast 1024" "llama autocast 1024 --checkpointing" "qwen2 autocast 1024" "qwen2 autocast 1024 --checkpointing" "llama autocast 2048 --checkpointing"; do
   set -- $cell
