@@ -15,7 +15,10 @@ until its forward ends, as FSDP2's root unit holds its parameters; reads inside 
 the held copies (the same GatheredCopy guard as any eager read). Their gradients leave through
 one dcr::reduce_scatter_grad_bucket per shard dtype when autograd has all of them (it calls the
 unit's backward once), averaged over the replicas under hybrid sharding, as a single gather's
-backward does. A parameter the forward did not use gets no gradient, as before.
+backward does. A parameter the forward did not use gets no gradient, as before. A shard on the
+host (offload_param: ShardSpec.device names the accelerator) is copied over first, cast on the
+host where it is gathered narrower, and its gradient, reduced in the shard's dtype on the
+accelerator, is returned to the host, as a compiled graph's traced copy does.
 
 Inside compiled code the hooks do nothing: a compiled graph's own schedule buckets its gathers.
 Every rank must run the same forward (as for every collective of ZeRO-3).
@@ -32,18 +35,32 @@ from deepcompile_remat.zero3 import custom_ops
 from deepcompile_remat.zero3.shard import HELD_ATTR, shard_of, specs_of
 
 
+def _to_accelerator(shard: torch.Tensor, device, dtype: torch.dtype) -> torch.Tensor:
+    """`shard` where its gather runs: a host shard (offload_param: ShardSpec.device) is copied
+    over, cast on the host first where it is gathered narrower (half the bytes over the link
+    under autocast, as passes.narrow_host_copies does in compiled graphs)."""
+    if device is None or shard.device == torch.device(device):
+        return shard
+    if dtype.itemsize < shard.dtype.itemsize:
+        shard = shard.to(dtype)
+    return shard.to(device, non_blocking=True)
+
+
 class _GatherUnit(torch.autograd.Function):
     """Full parameters (flat, padded) of a unit's shards in one collective; the backward
-    reduce-scatters their gradients in one per shard dtype."""
+    reduce-scatters their gradients in one per shard dtype, each returned where its shard
+    lives (the host, under offload_param)."""
 
     @staticmethod
-    def forward(ctx, world_size: int, group_name: str, dtypes: tuple, *shards):
+    def forward(ctx, world_size: int, group_name: str, dtypes: tuple, devices: tuple, *shards):
         ctx.world_size, ctx.group_name = world_size, group_name
         ctx.shard_dtypes = [s.dtype for s in shards]
+        ctx.shard_devices = [s.device for s in shards]
         ctx.set_materialize_grads(False)  # an unused parameter gets no gradient
+        moved = [_to_accelerator(s, d, t) for s, d, t in zip(shards, devices, dtypes)]
         return tuple(OPS.allgather_cast_bucket(
-            list(shards), world_size, group_name,
-            **custom_ops.bucket_kwargs(ctx.shard_dtypes, dtypes)))
+            moved, world_size, group_name,
+            **custom_ops.bucket_kwargs([m.dtype for m in moved], dtypes)))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -57,8 +74,9 @@ class _GatherUnit(torch.autograd.Function):
                 [grads[i].to(dtype).contiguous() for i in members], ctx.world_size,
                 ctx.group_name)
             for i, g in zip(members, reduced):
-                shard_grads[i] = custom_ops.average_over_replicas(g, ctx.group_name)
-        return (None, None, None, *shard_grads)
+                g = custom_ops.average_over_replicas(g, ctx.group_name)
+                shard_grads[i] = g.to(ctx.shard_devices[i], non_blocking=True)
+        return (None, None, None, None, *shard_grads)
 
 
 def owners_outside(module: nn.Module, exclude: Iterable[nn.Module]) -> list:
@@ -95,7 +113,9 @@ def eager_unit(module: nn.Module, exclude: Iterable[nn.Module] = ()) -> nn.Modul
                 index[id(shard)] = len(shards)
                 shards.append((shard, specs_of(m)[name]))
         dtypes = tuple(spec.compute_dtype or shard.dtype for shard, spec in shards)
-        fulls = _GatherUnit.apply(world_size, group_name, dtypes, *(s for s, _ in shards))
+        devices = tuple(spec.device for _, spec in shards)
+        fulls = _GatherUnit.apply(world_size, group_name, dtypes, devices,
+                                  *(s for s, _ in shards))
         for m, name in owners:
             spec = specs_of(m)[name]
             full = fulls[index[id(shard_of(m, name))]]

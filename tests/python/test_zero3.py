@@ -1031,6 +1031,36 @@ def _one_step_collectives(model, idx, autocast) -> tuple:
     return calls
 
 
+def test_an_eager_unit_copies_host_shards_to_the_accelerator(monkeypatch):
+    """offload_param with the default per-layer compile: the eager unit (embeddings, head) gets
+    DeepSpeed's host partitions. Bug guarded: they went into the bucket gather as they were,
+    host tensors handed to the accelerator's collective (on a GPU, NCCL refuses CPU tensors);
+    now each crosses to the accelerator first (the meta device plays it here), cast on the host
+    where it is gathered narrower (half the bytes under autocast); a shard read in fp32 (a
+    norm's weight) crosses as it is, and a shard already there is not copied."""
+    import importlib
+
+    eager_unit = importlib.import_module("deepcompile_remat.zero3.eager_unit")
+    crossed = []
+
+    class Spy:
+        @staticmethod
+        def allgather_cast_bucket(shards, world_size, group_name, **kwargs):
+            crossed.extend((s.device.type, s.dtype) for s in shards)
+            return OPS.allgather_cast_bucket(shards, world_size, group_name, **kwargs)
+
+    monkeypatch.setattr(eager_unit, "OPS", Spy)
+    acc = torch.device("meta")
+    weight, norm = torch.randn(64), torch.randn(8)  # host shards (fp32, DeepSpeed's partitions)
+    there = torch.randn(16, device=acc)
+    fulls = eager_unit._GatherUnit.apply(1, "0", (torch.bfloat16, torch.float32, torch.bfloat16),
+                                         (acc, acc, None), weight, norm, there)
+    assert crossed == [("meta", torch.bfloat16), ("meta", torch.float32),
+                       ("meta", torch.float32)]
+    assert [(f.device.type, f.dtype, f.numel()) for f in fulls] == [
+        ("meta", torch.bfloat16, 64), ("meta", torch.float32, 8), ("meta", torch.bfloat16, 16)]
+
+
 def _eager_unit(rank, world, autocast, tied):
     """Layers compiled one by one, the model around them one eager unit: training equals one
     unsharded process (tied embedding and head too), and the parameters around the layers
