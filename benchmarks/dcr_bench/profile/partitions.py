@@ -21,7 +21,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-import numpy as np
 import torch
 import torch.fx as fx
 
@@ -120,19 +119,15 @@ def _block_of(node: fx.Node, memo: dict) -> Optional[int]:
 
 
 def _predicted(gm: fx.GraphModule, persistent: set, preexisting: set) -> float:
-    """Simulated peak of `gm` minus the bytes of the inputs in `preexisting` (alive before the
-    step); ops' scratch (the collectives' packed buffers, simulate.op_workspace) counted."""
-    from deepcompile_remat import _C
-    from deepcompile_remat.fx_arrays import graph_arrays, memory_graph
-    from deepcompile_remat.partition.simulate import op_workspace
+    """Simulated peak of `gm` as the eager backend runs it (simulate.graph_peak without
+    fusion; ops' scratch counted) minus the bytes of the inputs in `preexisting` (alive before
+    the step)."""
+    from deepcompile_remat.partition.simulate import graph_peak
 
-    graph = graph_arrays(gm)
-    memory = memory_graph(gm, persistent, graph=graph, workspace=op_workspace(gm))
-    order = np.flatnonzero(memory.is_input == 0).astype(np.int64)
-    timeline = _C.simulate_memory(memory, order=order)
-    before = sum(memory.bytes[i] for i, n in enumerate(graph.nodes)
-                 if memory.is_input[i] and memory.alias_of[i] < 0 and n.name in preexisting)
-    return float(timeline.peak_bytes - before)
+    peak, _ = graph_peak(gm, persistent, fuses_pointwise=False)
+    before = sum(value_bytes(n.meta.get("val")) for n in gm.graph.find_nodes(op="placeholder")
+                 if n.name in preexisting)
+    return float(peak - before)
 
 
 def analyze(fw: fx.GraphModule, bw: fx.GraphModule,
