@@ -41,7 +41,8 @@ ON_HOST = "partition_on_host"
 COPIED_WHEN_SAVED = "partition_copied_when_saved"
 # SCRATCH_BYTES: bytes a node's op allocates and frees inside its own call, which no graph value
 # shows (a collective's packed buffers): set by whoever knows the op (zero3/scratch.py), counted
-# at that node's step by the memory simulator (partition/simulate.op_workspace).
+# at that node's step by the memory simulator (priced_scratch, read by
+# partition/simulate.op_workspace and by the runtime's own schedules).
 SCRATCH_BYTES = "partition_scratch_bytes"
 PIN_TO_FORWARD = "partition_pin_to_forward"
 RECOMPUTE_PRICE = "partition_recompute_price"
@@ -70,6 +71,11 @@ def graph_arrays(gm: fx.GraphModule) -> GraphArrays:
             heads.append(i)
     return GraphArrays(nodes, ids, np.asarray(tails, dtype=np.int64),
                        np.asarray(heads, dtype=np.int64))
+
+
+def priced_scratch(gm: fx.GraphModule) -> dict:
+    """{node: bytes} of `gm`'s nodes whose owner priced their op's scratch (SCRATCH_BYTES)."""
+    return {n: float(n.meta[SCRATCH_BYTES]) for n in gm.graph.nodes if n.meta.get(SCRATCH_BYTES)}
 
 
 def memory_graph(gm: fx.GraphModule, persistent_names: Iterable[str] = (), *,

@@ -5,9 +5,10 @@
 // feed it: a host shard's cast and copy to the accelerator under offload_param). Each movable
 // node is placed just before the first anchor that needs it (as late as possible: a gathered
 // weight lives only as long as its use), then every gather is moved `d` anchors earlier
-// (prefetch: its communication can overlap the preceding compute), with what feeds it. d is chosen with the memory simulator
-// (memsim/memory_sim.h): the largest d <= max_prefetch whose simulated peak stays within the
-// budget; budget < 0 means "no higher than the peak at d = 0" (prefetch for free). Each d is
+// (prefetch: its communication can overlap the preceding compute), with what feeds it. d is
+// chosen with the memory simulator (memsim/memory_sim.h): the largest d <= max_prefetch whose
+// simulated peak stays within the budget; budget < 0 means "no higher than the peak at d = 0"
+// (prefetch for free). Each d is
 // simulated as the runtime runs it, bucketed: a bucket's members gathered together at its
 // first member, its collective holding a packed buffer as large as its members for the
 // length of its call; the peaks reported are those.

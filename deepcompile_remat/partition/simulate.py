@@ -13,7 +13,7 @@ import torch
 import torch.fx as fx
 
 from deepcompile_remat import _C, fx_arrays
-from deepcompile_remat.fx_arrays import COPIED_WHEN_SAVED, SCRATCH_BYTES
+from deepcompile_remat.fx_arrays import COPIED_WHEN_SAVED
 from deepcompile_remat.fx_values import value_bytes
 from deepcompile_remat.partition.op_classes import OpClass, classify
 
@@ -44,7 +44,7 @@ def op_workspace(gm: fx.GraphModule) -> dict:
     and what the graph's owner priced in a node's meta (fx_arrays.SCRATCH_BYTES: a runtime's
     collectives)."""
     conv_backward = torch.ops.aten.convolution_backward.default
-    out = {n: float(n.meta[SCRATCH_BYTES]) for n in gm.graph.nodes if n.meta.get(SCRATCH_BYTES)}
+    out = fx_arrays.priced_scratch(gm)
     for n in gm.graph.find_nodes(op="call_function", target=conv_backward):
         weight = n.args[2]
         if isinstance(weight, fx.Node):

@@ -10,7 +10,9 @@ secondary groups come from the Topology, never from module tables). rewrite: poi
 backward's remaining re-gathers at the secondary shards, reorders the forward and backward (the
 C++ re-gather schedule, buckets, async prefetch), buckets the backward's gradient
 reduce-scatters (grad_buckets.py), splits them into start/wait pairs (scatter_overlap.py), and
-returns one ScheduleFigures per graph. `settings` is explicit: the planning layer passes the
+returns one ScheduleFigures per graph. What the collectives allocate inside their call is
+priced into the nodes (scratch.py) before the first of those passes and again as they make
+new nodes, so each pass's memory simulation counts it. `settings` is explicit: the planning layer passes the
 configured ones (runtime.settings) or the ones it is trying (peak-target mode's bucket sizes).
 Both do nothing on a graph without our ops.
 """
@@ -74,6 +76,8 @@ class Zero3Runtime:
                              "the planning layer sets them from the graph before rewrite()")
         figures = {tag: ScheduleFigures(graph=tag) for tag in ("fw", "bw")}
         fold_reduce_casts(bw)  # before the schedule: the gradients wait in their own dtype
+        for module in (fw, bw):  # what the collectives hold inside their call, for every
+            mark_scratch(module)  # simulation from here on (priced again as nodes change)
         # Before the schedule: it moves and buckets the re-gathers this points at the slices.
         regathers, gathered, held, dropped = read_secondary_in_backward(bw)
         if self.config.schedule_gathers:
@@ -81,11 +85,12 @@ class Zero3Runtime:
                 figures[tag] = schedule_gathers(module, settings, graph=tag,
                                                 persistent_names=parameter_names)
         buckets = bucket_reduce_scatters(bw, settings.grad_bucket_bytes)
+        mark_scratch(bw)  # the new buckets
         split, in_flight = 0, 0
         if use_async(scatter_backends(bw), settings.async_reduce_scatters):
             split, in_flight = split_reduce_scatters(bw, settings.prefetch_budget_bytes,
                                                      persistent_names=parameter_names)
-        for module in (fw, bw):  # what the collectives hold inside their call, for the simulator
+        for module in (fw, bw):  # the final nodes (gather buckets, split collectives)
             mark_scratch(module)
         figures["bw"] = dataclasses.replace(
             figures["bw"], reduce_scatter_buckets=buckets, async_reduce_scatters=split,

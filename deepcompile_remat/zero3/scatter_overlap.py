@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 
 from deepcompile_remat import _C
-from deepcompile_remat.fx_arrays import graph_arrays, memory_graph
+from deepcompile_remat.fx_arrays import graph_arrays, memory_graph, priced_scratch
 from deepcompile_remat.fx_values import OPS
 from deepcompile_remat.zero3.passes import scatter_dtype
 from deepcompile_remat.zero3.schedule import apply_order, collective_backends
@@ -154,7 +154,7 @@ def split_reduce_scatters(gm: fx.GraphModule, prefetch_budget_bytes: float,
         return 0, 0
     pairs = [_split(gm, n) for n in scatters]
     exported = graph_arrays(gm)
-    memory = memory_graph(gm, persistent_names, graph=exported)
+    memory = memory_graph(gm, persistent_names, graph=exported, workspace=priced_scratch(gm))
     ids = exported.ids
     order = np.flatnonzero(memory.is_input == 0).astype(np.int64)
     placed = _C.place_collective_waits(

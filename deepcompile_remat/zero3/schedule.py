@@ -19,7 +19,8 @@ import torch.fx as fx
 
 from deepcompile_remat import _C
 from deepcompile_remat.config import AsyncGathers, RematConfig
-from deepcompile_remat.fx_arrays import compatibility_keys, graph_arrays, memory_graph
+from deepcompile_remat.fx_arrays import (compatibility_keys, graph_arrays, memory_graph,
+                                         priced_scratch)
 from deepcompile_remat.fx_values import OPS, is_alias
 from deepcompile_remat.zero3 import custom_ops
 from deepcompile_remat.zero3.bucketing import members_by_bucket, replace_with_bucket
@@ -107,7 +108,7 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
     """Reorders and buckets `gm` in place as the C++ schedule decides; returns its figures.
     graph: the figures' tag ("fw" / "bw"); persistent_names: inputs that live anyway."""
     exported = graph_arrays(gm)  # shared with memory_graph: one node -> id map
-    memory = memory_graph(gm, persistent_names, graph=exported)
+    memory = memory_graph(gm, persistent_names, graph=exported, workspace=priced_scratch(gm))
     nodes, ids = exported.nodes, exported.ids
     movable = np.zeros(len(nodes), dtype=np.uint8)
     is_gather = np.zeros(len(nodes), dtype=np.uint8)

@@ -15,10 +15,13 @@ bucket collectives hold, for the length of their call, buffers as large as the b
   each full parameter out of it.
 
 mark_scratch writes those bytes into each node's meta (fx_arrays.SCRATCH_BYTES), which the
-simulator counts at that node's step only. The gather schedule, which decides the gather
-buckets, counts a bucket's packed buffer itself (csrc/schedule/regather_schedule.h). The split start/wait forms return their buffers
-as graph values, which the simulator sees already; gloo's copy inside a started
-reduce-scatter is not priced (on NCCL there is none, and "auto" splits only on NCCL).
+simulator counts at that node's step only: the planner's and the reports' simulations, and
+the runtime's own schedules (Zero3Runtime.rewrite prices the graph before them and again as
+they make new nodes). The gather schedule, which decides the gather buckets, counts a
+bucket's packed buffer itself (csrc/schedule/regather_schedule.h). The split start/wait
+forms return their buffers as graph values, which the simulator sees already; gloo's copy
+inside a started reduce-scatter is not priced (on NCCL there is none, and "auto" splits
+only on NCCL).
 """
 from __future__ import annotations
 
