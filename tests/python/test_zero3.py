@@ -1031,6 +1031,24 @@ def _one_step_collectives(model, idx, autocast) -> tuple:
     return calls
 
 
+def test_the_gather_schedule_counts_what_an_op_holds_inside_its_call():
+    """The runtime prices its collectives' scratch into node meta (zero3/scratch.py) before
+    its schedules run. Silent bug guarded: the schedule's own simulation ignored it, and
+    chose a prefetch distance against a peak that left out, say, a reduce-scatter's packed
+    buffer. Here a node between the two layers is priced 1 MB: the schedule's peak shows it."""
+    from deepcompile_remat.fx_arrays import SCRATCH_BYTES
+    from deepcompile_remat.zero3.schedule import ScheduleOptions, schedule_gathers
+
+    options = ScheduleOptions(max_prefetch=2, prefetch_budget_bytes=-1, bucket_bytes=0.0,
+                              async_gathers="off")
+    plain = schedule_gathers(_offloaded_two_layers(), options, graph="fw")
+    gm = _offloaded_two_layers()
+    sin = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.sin.default)
+    sin.meta[SCRATCH_BYTES] = 2.0 ** 20
+    priced = schedule_gathers(gm, options, graph="fw")
+    assert priced.peak_bytes_no_prefetch > 2.0 ** 20 > 100 * plain.peak_bytes_no_prefetch
+
+
 def test_an_eager_unit_copies_host_shards_to_the_accelerator(monkeypatch):
     """offload_param with the default per-layer compile: the eager unit (embeddings, head) gets
     DeepSpeed's host partitions. Bug guarded: they went into the bucket gather as they were,
