@@ -12,8 +12,9 @@ C++ re-gather schedule, buckets, async prefetch), buckets the backward's gradien
 reduce-scatters (grad_buckets.py), splits them into start/wait pairs (scatter_overlap.py), and
 returns one ScheduleFigures per graph. What the collectives allocate inside their call is
 priced into the nodes (scratch.py) before the first of those passes and again as they make
-new nodes, so each pass's memory simulation counts it. `settings` is explicit: the planning layer passes the
-configured ones (runtime.settings) or the ones it is trying (peak-target mode's bucket sizes).
+new nodes, so each pass's memory simulation counts it. `settings` is explicit: the planning
+layer passes the configured ones (runtime.settings) or the ones it is trying (peak-target
+mode's bucket sizes).
 Both do nothing on a graph without our ops.
 """
 from __future__ import annotations
