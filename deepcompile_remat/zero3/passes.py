@@ -51,27 +51,32 @@ def is_allgather_cast(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target is OPS.allgather_cast.default
 
 
+def _dtype_argument(node: fx.Node):
+    """The dtype argument (the fourth) of one of our collectives, positional or keyword."""
+    return node.kwargs.get("dtype", node.args[3] if len(node.args) > 3 else None)
+
+
 def gather_dtype(node: fx.Node):
     """The dtype argument of a dcr::allgather_cast node, positional or keyword; None: no cast."""
-    args = list(node.args) + [None] * (4 - len(node.args))
-    return node.kwargs.get("dtype", args[3])
+    return _dtype_argument(node)
+
+
+def _scattered_grads(node: fx.Node) -> list:
+    """The full-gradient nodes a reduce-scatter node (single or bucket) sends."""
+    return list(node.args[0]) if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
 
 
 def scatter_dtype(node: fx.Node):
     """The dtype a dcr::reduce_scatter_grad or _bucket node reduces in: its dtype argument,
     else its gradients' own."""
-    args = list(node.args) + [None] * (4 - len(node.args))
-    dtype = node.kwargs.get("dtype", args[3])
-    if dtype is not None:
-        return dtype
-    grads = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
-    return grads[0].meta["val"].dtype
+    dtype = _dtype_argument(node)
+    return dtype if dtype is not None else _scattered_grads(node)[0].meta["val"].dtype
 
 
 def scattered_bytes(node: fx.Node) -> float:
     """The bytes of full gradient a reduce-scatter node (single or bucket) sends: its
     gradients' elements in the dtype it reduces in."""
-    grads = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+    grads = _scattered_grads(node)
     itemsize = scatter_dtype(node).itemsize
     return float(sum(value_bytes(g.meta.get("val")) / g.meta["val"].element_size() * itemsize
                      for g in grads))
