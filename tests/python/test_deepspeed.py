@@ -241,6 +241,52 @@ def test_gradient_accumulation_and_persistent_parameters_match_stock_zero3(optim
     run_ranks(_compare, 2, "bf16", "eager", 2, 10 ** 5, optimizer_class)
 
 
+def _bf16_master(rank, world):
+    from deepcompile_remat.deepspeed.accounting import held_bytes
+
+    rank_env(rank, world)
+    configs = [_config("bf16", on, "inductor") for on in (False, True)]
+    for cfg in configs:  # DeepSpeed's own keys: master weights, gradients and states in bf16
+        cfg["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    stock = _engine(configs[0])
+    assert {t.dtype for t in stock.optimizer.fp32_partitioned_groups_flat} == {torch.bfloat16}
+    ref_losses = _train(stock, rank, range(STEPS))
+    ref = full_fp32_params(stock)
+
+    ours = _engine(configs[1])
+    # DeepSpeed's master is its bf16 parameter partitions themselves (one storage, as under
+    # torch_autocast); the leaves are they, gathered as they are.
+    assert {leaf.dtype for _, leaf in ours.dcr_takeover.leaves} == {torch.bfloat16}
+    assert ours.dcr_takeover.sixteen_bit is None
+    initial = full_fp32_params(ours)
+    losses = _train(ours, rank, range(STEPS))
+    assert_deepspeed_never_gathered(ours)
+    full = full_fp32_params(ours)
+    # Measured: losses within 4e-4; weights within one bf16 step of a weight (2^-8 relative:
+    # a gradient computed in another op order rounds to the neighbouring bf16 value).
+    torch.testing.assert_close(losses, ref_losses, rtol=0, atol=2e-3)
+    for name, want in ref.items():
+        torch.testing.assert_close(full[name].float(), want.float(), rtol=2 ** -7, atol=2e-3,
+                                   msg=lambda m: f"{name}: {m}")
+    assert max((full[n].float() - initial[n].float()).abs().max().item() for n in ref) > 0.05
+
+    # At rest: the bf16 master and SGD's bf16 momentum, 4 bytes per parameter of the shard,
+    # half of what the default bf16 takeover holds (an fp32 master and momentum); stock
+    # DeepSpeed holds the bf16 parameter partitions and the gradient partitions besides.
+    shard = sum(p.ds_tensor.numel() for p in ours.module.parameters())
+    mine, theirs = held_bytes(ours), held_bytes(stock)
+    assert mine.aliases["fp32 partitions"] == "parameter partitions", mine.aliases
+    assert mine.total <= 4 * shard + 2048, mine.table()
+    assert theirs.total >= 8 * shard, theirs.table()
+
+
+def test_deepspeeds_bf16_master_weights_and_states_are_honoured():
+    """DeepSpeed's pure-bf16 training ("bf16_master_weights_and_grads",
+    "bf16_optimizer_states": what FSDP2 runs on bf16 parameters) under the takeover: it trains
+    as stock DeepSpeed with the same keys, and holds no fp32 copy of anything."""
+    run_ranks(_bf16_master, 2)
+
+
 def _hpz(rank, world):
     rank_env(rank, world)
     extra = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,

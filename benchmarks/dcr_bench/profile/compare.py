@@ -50,11 +50,12 @@ DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-inductor-layer-buckets", "
                  "deepspeed", "deepspeed-lean", "deepspeed-compiled", "deepspeed-lean-compiled")
 # Run only when named (--peers): dcr.compile (the README's program); ours compiled per layer
 # (peers.py), a frontier point; stock DeepSpeed and the takeover with the optimizer, the
-# parameters or both offloaded to the host.
+# parameters or both offloaded to the host; both under DeepSpeed's pure-bf16 keys.
 OTHER_PEERS = ("ours-compile", "ours-inductor-blocks", "ours-inductor-blocks-grad-buckets",
                "ours-deepspeed-offload", "deepspeed-lean-offload",
                "ours-deepspeed-offload-params", "deepspeed-lean-offload-params",
-               "ours-deepspeed-offload-all", "deepspeed-lean-offload-all")
+               "ours-deepspeed-offload-all", "deepspeed-lean-offload-all",
+               "ours-deepspeed-bf16-master", "deepspeed-lean-bf16-master")
 PRECISIONS = ("autocast", "bf16")
 LOSS_RTOL = 2e-2  # bf16 compute: 8 bits of mantissa, summed over a vocabulary
 

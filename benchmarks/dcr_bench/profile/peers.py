@@ -48,6 +48,9 @@ AdamW step, gradients released).
                                     name what is on the host ("[host]")
     ...-offload-params / -all       the same with "offload_param" on the host instead of
                                     "offload_optimizer" / with both (axolotl's "all")
+    ours-deepspeed-bf16-master /    "bf16" with DeepSpeed's "bf16_master_weights_and_grads" and
+    deepspeed-lean-bf16-master      "bf16_optimizer_states": no fp32 master or states, the
+                                    numerics of the fsdp2 rows under "bf16" ("bf16" only)
 
 Precision "autocast": fp32 parameters and bf16 compute (ours and DeepSpeed: torch.autocast;
 FSDP2: its MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), how FSDP2 does it).
@@ -172,7 +175,7 @@ def _deepspeed_available() -> None:
 
 
 def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool, remat: dict,
-               offload: tuple = ()) -> dict:
+               offload: tuple = (), bf16_master: bool = False) -> dict:
     zero = {"stage": 3}
     for what in offload:  # "optimizer" on the host: a torch optimizer there (no cpu_adam build)
         zero[f"offload_{what}"] = {"device": "cpu", "pin_memory": False}
@@ -186,6 +189,8 @@ def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool, remat: di
            "zero_force_ds_cpu_optimizer": "optimizer" not in offload}
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
+        if bf16_master:
+            cfg["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
     else:
         cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     if ours_on:
@@ -194,13 +199,16 @@ def _ds_config(w: Workload, precision: str, lean: bool, ours_on: bool, remat: di
 
 
 def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = False,
-              offload: tuple = ()):
+              offload: tuple = (), bf16_master: bool = False):
     """A stock DeepSpeed ZeRO-3 peer: DeepSpeed's defaults, or its least-memory knobs with
     `lean`; engine.compile with `compiled`; our "deepcompile_remat" block with `ours_on`;
-    what `offload` names ("optimizer", "param") offloaded to the host. Returns the peer's
-    factory."""
+    what `offload` names ("optimizer", "param") offloaded to the host; master weights,
+    gradients and optimizer states in bf16 with `bf16_master` ("bf16" only). Returns the
+    peer's factory."""
     def make(w: Workload, precision: str, device, remat: dict) -> System:
         _deepspeed_available()
+        if bf16_master and precision != "bf16":
+            raise Unavailable("bf16 master weights are a \"bf16\" setting of DeepSpeed's")
         if torch.device(device).type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         from deepcompile_remat.deepspeed import initialize
@@ -208,7 +216,8 @@ def deepspeed(*, lean: bool = False, compiled: bool = False, ours_on: bool = Fal
         model = w.build(precision, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         engine, *_ = initialize(model=model, optimizer=optimizer,
-                                config=_ds_config(w, precision, lean, ours_on, remat, offload))
+                                config=_ds_config(w, precision, lean, ours_on, remat, offload,
+                                                  bf16_master))
         if compiled:
             engine.compile(backend="inductor")
 
@@ -276,6 +285,7 @@ PEERS: dict = {
     "ours-deepspeed-offload": deepspeed(ours_on=True, offload=("optimizer",)),
     "ours-deepspeed-offload-params": deepspeed(ours_on=True, offload=("param",)),
     "ours-deepspeed-offload-all": deepspeed(ours_on=True, offload=("optimizer", "param")),
+    "ours-deepspeed-bf16-master": deepspeed(ours_on=True, bf16_master=True),
     "fsdp2-block": fsdp2("block"),
     "fsdp2-block-compiled": fsdp2("block", compiled=True),
     "fsdp2-module": fsdp2("module"),
@@ -283,6 +293,7 @@ PEERS: dict = {
     "deepspeed-lean": deepspeed(lean=True),
     "deepspeed-compiled": deepspeed(compiled=True),
     "deepspeed-lean-compiled": deepspeed(lean=True, compiled=True),
+    "deepspeed-lean-bf16-master": deepspeed(lean=True, bf16_master=True),
     "deepspeed-lean-offload": deepspeed(lean=True, offload=("optimizer",)),
     "deepspeed-lean-offload-params": deepspeed(lean=True, offload=("param",)),
     "deepspeed-lean-offload-all": deepspeed(lean=True, offload=("optimizer", "param")),
