@@ -48,11 +48,12 @@ NAME = "compare"
 DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-inductor-layer-buckets", "ours-inductor-mp",
                  "ours-deepspeed", "fsdp2-block", "fsdp2-block-compiled", "fsdp2-module",
                  "deepspeed", "deepspeed-lean", "deepspeed-compiled", "deepspeed-lean-compiled")
-# Run only when named (--peers): dcr.compile (the README's program); ours compiled per layer
-# (peers.py), a frontier point; stock DeepSpeed and the takeover with the optimizer, the
-# parameters or both offloaded to the host; both under DeepSpeed's pure-bf16 keys.
-OTHER_PEERS = ("ours-compile", "ours-inductor-blocks", "ours-inductor-blocks-grad-buckets",
-               "ours-deepspeed-offload", "deepspeed-lean-offload",
+# Run only when named (--peers): dcr.compile (the README's program; with FSDP2's bf16
+# parameters instead of autocast, -mp); ours compiled per layer (peers.py), a frontier point;
+# stock DeepSpeed and the takeover with the optimizer, the parameters or both offloaded to the
+# host; both under DeepSpeed's pure-bf16 keys.
+OTHER_PEERS = ("ours-compile", "ours-compile-mp", "ours-inductor-blocks",
+               "ours-inductor-blocks-grad-buckets", "ours-deepspeed-offload", "deepspeed-lean-offload",
                "ours-deepspeed-offload-params", "deepspeed-lean-offload-params",
                "ours-deepspeed-offload-all", "deepspeed-lean-offload-all",
                "ours-deepspeed-bf16-master", "deepspeed-lean-bf16-master")

@@ -27,7 +27,8 @@ AdamW step, gradients released).
     ours-inductor-mp                zero3.shard(param_dtype=bf16) instead of torch.autocast:
                                     FSDP2's mixed precision (bf16 weights and activations
                                     everywhere, fp32 shards and gradient reduce), the numerics
-                                    of the fsdp2 rows rather than autocast's (autocast only)
+                                    of the fsdp2 rows rather than autocast's (autocast only);
+                                    ours-compile-mp: the same under dcr.compile
     ours-deepspeed                  stock DeepSpeed ZeRO-3 engine with the "deepcompile_remat"
                                     block (inductor): our takeover, as a user gets it (each
                                     layer compiled on its own, the rest one eager unit:
@@ -276,6 +277,7 @@ PEERS: dict = {
     "ours-eager": ours("eager"),
     "ours-inductor": ours("inductor"),
     "ours-compile": ours("inductor", entry_point=True),
+    "ours-compile-mp": ours("inductor", mixed_precision=True, entry_point=True),
     "ours-inductor-layer-buckets": ours("inductor", layer_buckets=True),
     "ours-inductor-blocks": ours("inductor", layer_buckets=True, per_block=True),
     "ours-inductor-blocks-grad-buckets": ours("inductor", layer_buckets=True, per_block=True,
