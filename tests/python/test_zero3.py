@@ -921,7 +921,10 @@ def _param_dtype_like_fsdp2(rank, world, kind):
                              .manual_seed(100 * step + rank)) for step in range(STEPS)]
 
     zero3.shard(model, param_dtype=torch.bfloat16)
-    run = torch.compile(model, backend=dcr.backend(kind))
+    # eager: one whole-model graph; inductor: the README's program (each block compiled on its
+    # own, the model around them one eager unit, which casts its gathers to param_dtype too)
+    run = (torch.compile(model, backend=dcr.backend(kind)) if kind == "eager"
+           else dcr.compile(model, kind=kind))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in peer.blocks:
         fully_shard(block, mp_policy=policy)
@@ -966,7 +969,7 @@ def _param_dtype_like_fsdp2(rank, world, kind):
 @pytest.mark.parametrize("kind", ["eager", "inductor"])
 def test_param_dtype_trains_like_fsdp2_mixed_precision(kind):
     """shard(param_dtype=bf16) is FSDP2's MixedPrecisionPolicy(bf16, fp32 reduce) under
-    torch.compile: checked against FSDP2 itself on the same ranks. Silent bugs guarded: a
+    torch.compile and dcr.compile: checked against FSDP2 itself on the same ranks. Silent bugs guarded: a
     gather in fp32 (twice the bytes), an fp32 full weight, fp32 compute left somewhere, a
     gradient reduced or stepped in bf16, param_dtype lost when gathered_parameters re-shards."""
     run_ranks(_param_dtype_like_fsdp2, 2, kind)
