@@ -1,6 +1,7 @@
-"""`deepcompile-remat compare` on a tiny model: every system runs (or says why not), its
-figures are sane, and they agree on the step-1 loss. Each system runs in its own 2 rank
-processes, one precision each here (both precisions per system: the closing note's tables)."""
+"""`deepcompile-remat compare` on a tiny model: every default system runs (or says why not; all
+but deepspeed-compiled, whose two settings others run), its figures are sane, and they agree on
+the step-1 loss. Each system runs in its own 2 rank processes, one precision each here (both
+precisions per system: the closing note's tables)."""
 from __future__ import annotations
 
 import importlib.util
@@ -55,6 +56,9 @@ def test_every_system_runs_on_a_tiny_gpt(tmp_path, precision):
     a system that failed reported as zeros, a missing system not saying why."""
     half = len(DEFAULT_PEERS) // 2
     peers = list(DEFAULT_PEERS[:half] if precision == "autocast" else DEFAULT_PEERS[half:])
+    # deepspeed-compiled is two settings that deepspeed (defaults) and deepspeed-lean-compiled
+    # (engine.compile) each run already: not repeated here.
+    peers = [p for p in peers if p != "deepspeed-compiled"]
     result = _run(tmp_path, peers, precision)
     _check(result["folded"], peers)
     assert os.path.exists(tmp_path / precision / "results.csv")

@@ -77,7 +77,7 @@ def test_peak_no_higher_than_torchs_on_t5(kind):
     inductor it was 3.3% higher until ties among minimum cuts went to the one nearest the
     backward (remat_partition.h, Solve): the source-side cut recomputed more of each block
     in the backward."""
-    theirs, ours = measure_pair("t5", kind, "fp32", steps=1, rounds=2)
+    theirs, ours = measure_pair("t5", kind, "fp32", steps=1, rounds=1)  # peaks, not times
     assert (theirs["partitioner"], ours["partitioner"]) == ("torch", "ours")
     assert ours["peak_bytes"] <= theirs["peak_bytes"] * 1.02, (ours, theirs)
 
