@@ -969,9 +969,10 @@ def _param_dtype_like_fsdp2(rank, world, kind):
 @pytest.mark.parametrize("kind", ["eager", "inductor"])
 def test_param_dtype_trains_like_fsdp2_mixed_precision(kind):
     """shard(param_dtype=bf16) is FSDP2's MixedPrecisionPolicy(bf16, fp32 reduce) under
-    torch.compile and dcr.compile: checked against FSDP2 itself on the same ranks. Silent bugs guarded: a
-    gather in fp32 (twice the bytes), an fp32 full weight, fp32 compute left somewhere, a
-    gradient reduced or stepped in bf16, param_dtype lost when gathered_parameters re-shards."""
+    torch.compile and dcr.compile: checked against FSDP2 itself on the same ranks. Silent bugs
+    guarded: a gather in fp32 (twice the bytes), an fp32 full weight, fp32 compute left
+    somewhere, a gradient reduced or stepped in bf16, param_dtype lost when gathered_parameters
+    re-shards."""
     run_ranks(_param_dtype_like_fsdp2, 2, kind)
 
 

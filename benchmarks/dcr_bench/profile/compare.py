@@ -53,7 +53,8 @@ DEFAULT_PEERS = ("ours-eager", "ours-inductor", "ours-inductor-layer-buckets", "
 # stock DeepSpeed and the takeover with the optimizer, the parameters or both offloaded to the
 # host; both under DeepSpeed's pure-bf16 keys.
 OTHER_PEERS = ("ours-compile", "ours-compile-mp", "ours-inductor-blocks",
-               "ours-inductor-blocks-grad-buckets", "ours-deepspeed-offload", "deepspeed-lean-offload",
+               "ours-inductor-blocks-grad-buckets", "ours-deepspeed-offload",
+               "deepspeed-lean-offload",
                "ours-deepspeed-offload-params", "deepspeed-lean-offload-params",
                "ours-deepspeed-offload-all", "deepspeed-lean-offload-all",
                "ours-deepspeed-bf16-master", "deepspeed-lean-bf16-master")
