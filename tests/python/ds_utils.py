@@ -34,12 +34,13 @@ def full_fp32_params(engine):
     return {n: safe_get_full_fp32_param(p).clone() for n, p in engine.module.named_parameters()}
 
 
-def assert_weights_match_and_moved(full, ref, initial, *, atol, min_move):
-    """Every trained weight within atol of the reference run's, and some weight moved by more
-    than min_move from its initial value (else the comparison passes vacuously)."""
+def assert_weights_match_and_moved(full, ref, initial, *, atol, min_move, rtol=0.0):
+    """Every trained weight within atol (+ rtol of its value) of the reference run's, and some
+    weight moved by more than min_move from its initial value (else the comparison passes
+    vacuously)."""
     moved = 0.0
     for name, want in ref.items():
-        torch.testing.assert_close(full[name], want, rtol=0, atol=atol,
+        torch.testing.assert_close(full[name], want, rtol=rtol, atol=atol,
                                    msg=lambda m: f"{name}: {m}")
         moved = max(moved, (full[name] - initial[name]).abs().max().item())
     assert moved > min_move, f"weights moved by {moved} at most: the comparison would be vacuous"

@@ -262,13 +262,10 @@ def _bf16_master(rank, world):
     losses = _train(ours, rank, range(STEPS))
     assert_deepspeed_never_gathered(ours)
     full = full_fp32_params(ours)
-    # Measured: losses within 4e-4; weights within one bf16 step of a weight (2^-8 relative:
-    # a gradient computed in another op order rounds to the neighbouring bf16 value).
+    # Measured: losses within 3.8e-4; weights within one bf16 step of a weight (3.9e-3 at
+    # most: a gradient computed in another op order rounds to the neighbouring bf16 value).
     torch.testing.assert_close(losses, ref_losses, rtol=0, atol=2e-3)
-    for name, want in ref.items():
-        torch.testing.assert_close(full[name].float(), want.float(), rtol=2 ** -7, atol=2e-3,
-                                   msg=lambda m: f"{name}: {m}")
-    assert max((full[n].float() - initial[n].float()).abs().max().item() for n in ref) > 0.05
+    assert_weights_match_and_moved(full, ref, initial, atol=2e-3, rtol=2 ** -7, min_move=0.05)
 
     # At rest: the bf16 master and SGD's bf16 momentum, 4 bytes per parameter of the shard,
     # half of what the default bf16 takeover holds (an fp32 master and momentum); stock
