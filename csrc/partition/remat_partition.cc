@@ -284,9 +284,12 @@ RematNetwork BuildRematNetwork(const JointGraphView& g, const Adjacency& adj,
     ArcWhy why;
     // Forward nodes may be banned from recomputation, and so may a node pinned to the forward
     // that only the backward reads (how the ZeRO-3 runtime hands the backward a secondary
-    // shard, cut from a gathered weight, that no forward output needs). A cost-only ban is a
-    // price in the memory-budget sweep: there the cut may recompute it after all.
-    const bool forward = (info[v] & kRequiredForward) || Has(g, v, kPinnedToForward);
+    // shard, cut from a gathered weight, that no forward output needs), and any forward input:
+    // an input only the backward reads (a dynamic size that only sizes a gradient's zeros) is
+    // still the forward's, so the backward gets it saved, never "recomputed". A cost-only ban
+    // is a price in the memory-budget sweep: there the cut may recompute it after all.
+    const bool forward = (info[v] & kRequiredForward) || Has(g, v, kPinnedToForward) ||
+                         Has(g, v, kPrimal) || Has(g, v, kForwardSeed);
     if (forward && BanReason(g, adj, v, tags[v], policy, alias_of[v], &why)) {
       if (costs.price_cost_bans && IsCostOnlyBan(why)) {
         net.priced_arc[v] = static_cast<int64_t>(net.tails.size());

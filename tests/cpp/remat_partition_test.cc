@@ -396,6 +396,30 @@ TEST(RematPartition, PinnedToForwardSavesABackwardOnlyValue) {
   }
 }
 
+// Forward inputs only the backward reads: a dynamic size (SymInt) that only sizes a gradient's
+// zeros, and a tensor input only the gradient reads. Neither is needed by a forward output, and
+// neither can be recomputed in the backward: both are saved (seen on HF Llama layers compiled
+// with a dynamic sequence length, where the cut left the size out and the extraction failed).
+TEST(RematPartition, ForwardInputsOnlyTheBackwardReadsAreSaved) {
+  GraphBuilder g;
+  const int64_t x = g.Primal();
+  const int64_t size = g.Add(OpClass::kPlaceholder, {}, 8, kPrimal | kSymInt);
+  const int64_t mask = g.Primal(1024);
+  const int64_t t = g.Tangent();
+  const int64_t y = g.Add(OpClass::kComputeIntensive, {x});
+  const int64_t zeros = g.Add(OpClass::kPointwise, {size});
+  const int64_t scattered = g.Add(OpClass::kPointwise, {zeros, t});
+  const int64_t gx = g.Add(OpClass::kComputeIntensive, {scattered, mask});
+  g.fwd_outputs = {y};
+  g.bwd_outputs = {gx};
+  for (RematPolicy p : {RematPolicy::kConservative, RematPolicy::kAggressive}) {
+    const PartitionResult r = g.Solve(p);
+    EXPECT_EQ(r.saved_nodes, Ids({size, mask}));
+    EXPECT_TRUE(r.node_info[size] & kBanned);
+    EXPECT_TRUE(r.node_info[mask] & kBanned);
+  }
+}
+
 // MUST_SAVE on a gathered parameter contradicts ZeRO-3 marking: the error names the node and
 // every constraint on it.
 TEST(RematPartition, ConflictNamesTheChainAndTheReasons) {
