@@ -25,7 +25,9 @@
 //                                      +P         added for a PREFER_RECOMPUTE request (below)
 //                                      +inf       views, tuples, SymFloats, MUST_RECOMPUTE
 //                                                 tags, parameter aliases
-//                            source -> v_in (+inf) forward nodes that may not be recomputed
+//                            source -> v_in (+inf) forward nodes that may not be recomputed,
+//                                                 every forward input among them (also one
+//                                                 only the backward reads: a dynamic size)
 //                            v_in -> sink (+inf)   tangent closure (computed in backward only)
 //                            v_out -> sink (+inf)  other values the backward outputs need
 //                            u_out -> v_in (+inf)  data edges
