@@ -191,6 +191,10 @@ def _eager_backend(config: RematConfig, on_partition: Optional[Callable] = None)
 def _inductor_backend(config: RematConfig, on_partition: Optional[Callable] = None) -> Callable:
     from torch._inductor.compile_fx import compile_fx
 
+    from deepcompile_remat.zero3 import collective_order
+
+    collective_order.install()  # our collectives in the graph's order on every rank
+
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         if not config.enabled and on_partition is None:  # off: stock inductor
             return compile_fx(gm, example_inputs)

@@ -1119,3 +1119,41 @@ def _eager_unit(rank, world, autocast, tied):
 @pytest.mark.parametrize("autocast,tied", [(False, False), (True, True)])
 def test_eager_unit_gathers_the_rest_of_the_model_at_once(autocast, tied):
     run_ranks(_eager_unit, 2, autocast, tied)
+
+
+def test_the_collective_order_pass_composes_with_a_users_pass():
+    """install() keeps a scheduler pass the user set (it runs after ours), is idempotent, and
+    keys inductor's cache only where every pass it runs can be keyed."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomSchedulerPass
+
+    from deepcompile_remat.zero3 import collective_order
+
+    seen = []
+
+    def users_pass(nodes):
+        seen.append(len(nodes))
+        return nodes
+
+    class KeyedPass(CustomSchedulerPass):
+        def __call__(self, nodes):
+            return nodes
+
+        def uuid(self):
+            return "users-pass-v1"
+
+    with inductor_config.patch(_post_fusion_custom_pass=users_pass):
+        collective_order.install()
+        collective_order.install()
+        installed = inductor_config._post_fusion_custom_pass
+        assert isinstance(installed, collective_order.CollectiveOrderPass)
+        assert installed.then is users_pass
+        assert installed([]) == [] and seen == [0]
+        assert installed.uuid() is None  # a plain callable cannot be keyed: no caching
+    with inductor_config.patch(_post_fusion_custom_pass=KeyedPass()):
+        collective_order.install()
+        keyed = inductor_config._post_fusion_custom_pass.uuid()
+    with inductor_config.patch(_post_fusion_custom_pass=None):
+        collective_order.install()
+        alone = inductor_config._post_fusion_custom_pass.uuid()
+    assert keyed and alone and keyed != alone
