@@ -174,8 +174,23 @@ def _ranks_at_their_own_lengths(rank, world, lengths):
         ref_opt.step()
         ref_opt.zero_grad()
         torch.testing.assert_close(loss.detach(), ref_losses[rank], rtol=0, atol=1e-3)
+        if step == 1:  # the dynamic graphs: other size hints per rank, one decision
+            _same_decision_on_every_rank(world)
+        dcr.clear_reports()
     assert_weights_match_and_moved(model.state_dict(), reference.state_dict(), initial,
                                    atol=1e-3, min_move=0.01)
+
+
+def _same_decision_on_every_rank(world):
+    """The cut, its costs, the collectives and the schedule of this step's compiles (dynamic:
+    the cut costs each symbol alike on every rank, whatever its hint) agree across ranks."""
+    reps = dcr.reports()
+    assert reps and any(v.bytes_symbolic is not None for r in reps for v in r.saved)
+    decisions = [(tuple((v.name, v.bytes_symbolic) for v in r.saved), r.recomputed,
+                  r.collectives, r.schedule) for r in reps]
+    every_rank = [None] * world
+    dist.all_gather_object(every_rank, decisions)
+    assert all(d == every_rank[0] for d in every_rank), "ranks costed or cut differently"
 
 
 def test_ranks_whose_batches_differ_in_length_train_like_one_process():
@@ -184,7 +199,9 @@ def test_ranks_whose_batches_differ_in_length_train_like_one_process():
     backward's independent collectives differently on the two ranks (gloo aborted on a size
     mismatch; NCCL would hang, or two buckets of one size swap data). The collectives keep the
     graph's order (zero3/collective_order.py); later steps swap the lengths and recompile with
-    a dynamic size, whose hints differ per rank too."""
+    a dynamic size, whose hints differ per rank too: those graphs must be cut, costed and
+    scheduled alike on every rank (test_zero3's dynamic-shape test checks the same on the eager
+    backend, with the reported sizes)."""
     run_ranks(_ranks_at_their_own_lengths, 2, [(8, 60), (60, 8), (33, 9)])
 
 

@@ -297,9 +297,10 @@ def _dynamic_shapes_same_decision(rank, world, kind):
         assert v.bytes * 100 < formula.subs({s: 4096 for s in formula.free_symbols})
 
 
-@pytest.mark.parametrize("kind", ["eager", "inductor"])
-def test_dynamic_shapes_give_the_same_decision_on_every_rank(kind):
-    run_ranks(_dynamic_shapes_same_decision, 2, kind)
+def test_dynamic_shapes_give_the_same_decision_on_every_rank():
+    """On the eager backend; test_hf_training.py's ranks at their own lengths checks the same
+    decision under inductor (an HF Llama, whole-model, dynamic after the first step)."""
+    run_ranks(_dynamic_shapes_same_decision, 2, "eager")
 
 
 def _gathers_are_downcast(rank, world, kind):
