@@ -9,6 +9,7 @@ import contextlib
 import operator
 
 import torch
+import torch.distributed as dist
 import torch.fx as fx
 
 from deepcompile_remat.partition.op_classes import GATHER_NAMESPACES
@@ -111,6 +112,19 @@ def capture_partitions():
         yield seen
     finally:
         partition_fn.partition_joint_graph = original
+
+
+def assert_same_decision_on_every_rank(world: int) -> None:
+    """Every partition in dcr.reports() made the same decision on each of the `world` ranks:
+    the saved values (with their symbolic bytes, where a size is dynamic), the recomputed ops,
+    the collectives and the runtime's schedule."""
+    import deepcompile_remat as dcr
+
+    decisions = [(tuple((v.name, v.bytes_symbolic) for v in r.saved), r.recomputed,
+                  r.collectives, r.schedule) for r in dcr.reports()]
+    every_rank = [None] * world
+    dist.all_gather_object(every_rank, decisions)
+    assert all(d == every_rank[0] for d in every_rank), "ranks costed or cut differently"
 
 
 def _start_wait_ops() -> dict:

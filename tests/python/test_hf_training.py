@@ -27,7 +27,8 @@ import deepcompile_remat as dcr  # noqa: E402
 from deepcompile_remat import zero3  # noqa: E402
 from dcr_bench.harness import models  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
-from graph_checks import capture_partitions, parameter_copies_saved  # noqa: E402
+from graph_checks import (assert_same_decision_on_every_rank, capture_partitions,  # noqa: E402
+                          parameter_copies_saved)
 
 VOCAB, SEQ = 128, 16
 # (preset, backend, precision, HF activation checkpointing, what is compiled): all pairs of the
@@ -53,6 +54,11 @@ TAKEOVER_CASES = [("gpt2", "eager", "bf16", True, "layers", FIXED),
                   ("qwen2", "eager", "autocast", True, "layers", FIXED)]
 
 
+def _lengths_id(value):
+    """A case's id for its lengths field ("fixed", "varying"); None: pytest's own for others."""
+    return {id(VARYING): "varying", id(FIXED): "fixed"}.get(id(value))
+
+
 def _model(preset, checkpointing, dtype=torch.float32):
     model = models.build_hf(preset, vocab=VOCAB, layers=2, hidden=64, dropout=0.0).to(dtype)
     if checkpointing:
@@ -71,11 +77,7 @@ def _check_graphs(graphs, world):
     assert graphs, "the partitioner did not run (a cache hit?): nothing was checked"
     for fw, bw, _ in graphs:
         assert parameter_copies_saved(fw, bw) == []
-    decisions = [(tuple(v.name for v in r.saved), r.recomputed, r.collectives)
-                 for r in dcr.reports()]
-    every_rank = [None] * world
-    dist.all_gather_object(every_rank, decisions)
-    assert all(d == every_rank[0] for d in every_rank), "ranks decided differently"
+    assert_same_decision_on_every_rank(world)
 
 
 # --- own runtime (zero3.shard) against one unsharded process -------------------------------------
@@ -86,8 +88,8 @@ def _own_runtime(rank, world, preset, kind, precision, checkpointing, scope, len
     model = _model(preset, checkpointing, dtype)
     reference = copy.deepcopy(model)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    per_rank = 2
-    batches = [_batch(i, per_rank * world, seq=n) for i, n in enumerate(lengths[:3])]  # 3 steps
+    per_rank, lengths = 2, lengths[:3]  # 3 steps
+    batches = [_batch(i, per_rank * world, seq=n) for i, n in enumerate(lengths)]
 
     def train(m, run, inputs):
         opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
@@ -109,7 +111,7 @@ def _own_runtime(rank, world, preset, kind, precision, checkpointing, scope, len
                                          for b in batches])
     if scope == "layers":  # identical layers share one compiled graph (per distinct shape:
         # a second length recompiles once with a dynamic size, which every later one reuses)
-        graphs_expected = min(len(set(lengths[:3])), 2)
+        graphs_expected = min(len(set(lengths)), 2)
         assert len(graphs) == graphs_expected, \
             f"{len(graphs)} graphs compiled for 2 identical layers and lengths {lengths}"
     ref_losses = train(reference, reference, batches)
@@ -131,7 +133,7 @@ def _own_runtime(rank, world, preset, kind, precision, checkpointing, scope, len
 
 
 @pytest.mark.parametrize("preset,kind,precision,checkpointing,scope,lengths", OWN_RUNTIME_CASES,
-                         ids=lambda v: {id(VARYING): "varying", id(FIXED): "fixed"}.get(id(v)))
+                         ids=_lengths_id)
 def test_own_runtime_matches_one_process(preset, kind, precision, checkpointing, scope, lengths):
     """Silent bugs guarded: HF modules whose parameters the sharding misses or ties wrongly
     (gpt2's lm_head is wte), a gathered weight kept for the backward, a checkpoint region that
@@ -175,22 +177,12 @@ def _ranks_at_their_own_lengths(rank, world, lengths):
         ref_opt.zero_grad()
         torch.testing.assert_close(loss.detach(), ref_losses[rank], rtol=0, atol=1e-3)
         if step == 1:  # the dynamic graphs: other size hints per rank, one decision
-            _same_decision_on_every_rank(world)
+            reps = dcr.reports()
+            assert reps and any(v.bytes_symbolic is not None for r in reps for v in r.saved)
+            assert_same_decision_on_every_rank(world)
         dcr.clear_reports()
     assert_weights_match_and_moved(model.state_dict(), reference.state_dict(), initial,
                                    atol=1e-3, min_move=0.01)
-
-
-def _same_decision_on_every_rank(world):
-    """The cut, its costs, the collectives and the schedule of this step's compiles (dynamic:
-    the cut costs each symbol alike on every rank, whatever its hint) agree across ranks."""
-    reps = dcr.reports()
-    assert reps and any(v.bytes_symbolic is not None for r in reps for v in r.saved)
-    decisions = [(tuple((v.name, v.bytes_symbolic) for v in r.saved), r.recomputed,
-                  r.collectives, r.schedule) for r in reps]
-    every_rank = [None] * world
-    dist.all_gather_object(every_rank, decisions)
-    assert all(d == every_rank[0] for d in every_rank), "ranks costed or cut differently"
 
 
 def test_ranks_whose_batches_differ_in_length_train_like_one_process():
@@ -265,7 +257,7 @@ def _takeover(rank, world, preset, kind, precision, checkpointing, scope="layers
 
 
 @pytest.mark.parametrize("preset,kind,precision,checkpointing,scope,lengths", TAKEOVER_CASES,
-                         ids=lambda v: {id(VARYING): "varying", id(FIXED): "fixed"}.get(id(v)))
+                         ids=_lengths_id)
 def test_takeover_matches_stock_deepspeed(preset, kind, precision, checkpointing, scope,
                                           lengths):
     """Silent bugs guarded: gradients of HF modules that never reach DeepSpeed's partitions,

@@ -14,7 +14,8 @@ from deepcompile_remat.zero3 import custom_ops
 from deepcompile_remat.fx_values import OP_NAMESPACE, OPS
 from dcr_bench.harness.models import GPT, MLP
 from dist_utils import assert_trains_like_one_process, full_grads, run_ranks
-from graph_checks import capture_partitions, parameter_copies_saved, reads_before_wait
+from graph_checks import (assert_same_decision_on_every_rank, capture_partitions,
+                          parameter_copies_saved, reads_before_wait)
 
 STEPS, GLOBAL_BATCH = 3, 4
 
@@ -74,11 +75,7 @@ def _train_and_compare(rank, world, kind, autocast, config=None):
             assert parameter_copies_saved(fw, bw) == []
         # The same graph gives the same decision on every rank: saved set, recomputed nodes,
         # collectives and the re-gather schedule.
-        decisions = [(tuple(v.name for v in r.saved), r.recomputed, r.collectives, r.schedule)
-                     for r in dcr.reports()]
-        every_rank = [None] * world
-        dist.all_gather_object(every_rank, decisions)
-        assert all(d == every_rank[0] for d in every_rank), "ranks decided differently"
+        assert_same_decision_on_every_rank(world)
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
@@ -279,11 +276,7 @@ def _dynamic_shapes_same_decision(rank, world, kind):
         _loss(run(torch.randint(0, 64, (2, seq)))).backward()
     reps = dcr.reports()
     assert reps and any(not isinstance(d, int) for r in reps for v in r.saved for d in v.shape)
-    decisions = [(tuple((v.name, v.bytes_symbolic) for v in r.saved), r.recomputed,
-                  r.collectives, r.schedule) for r in reps]
-    every_rank = [None] * world
-    dist.all_gather_object(every_rank, decisions)
-    assert all(d == every_rank[0] for d in every_rank), "ranks costed or cut differently"
+    assert_same_decision_on_every_rank(world)
     # Reports show this rank's real sizes, not the 4096 per symbol the cut costed them at
     # (before: a value of 2 x 16 x 32 floats reported as 2 x 4096 x 32).
     import sympy
