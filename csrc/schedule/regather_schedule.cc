@@ -4,6 +4,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "schedule/buckets.h"
@@ -18,6 +19,9 @@ struct Placement {
   std::vector<int64_t> need;        // per node: anchor index of first (transitive) use
   std::vector<int64_t> earliest;    // per node: first anchor index its producers allow
   std::vector<int64_t> movable_in_order;
+  // The gathers by first use (need), ties in input order: the order every distance issues
+  // them in (the header's "collective order").
+  std::vector<int64_t> gathers_in_issue_order;
   // per node: a movable non-gather whose users are all movable and lead to a gather (a host
   // shard's copy to the accelerator): it moves with the gathers it feeds
   std::vector<uint8_t> feeds_gather;
@@ -71,29 +75,44 @@ Placement Analyze(const MemoryGraph& g, Span<int64_t> input_order, Span<uint8_t>
                                   " is needed before its inputs exist; the input order is invalid");
     }
   }
+  for (int64_t v : p.movable_in_order) {
+    if (is_gather[v]) p.gathers_in_issue_order.push_back(v);
+  }
+  std::stable_sort(p.gathers_in_issue_order.begin(), p.gathers_in_issue_order.end(),
+                   [&](int64_t a, int64_t b) { return p.need[a] < p.need[b]; });
   p.users = std::move(users);
   p.producers = std::move(producers);
   return p;
 }
 
-std::vector<int64_t> BuildOrder(const Placement& p, Span<uint8_t> is_gather, int64_t distance,
-                                std::vector<int64_t>* slot_of) {
+std::vector<int64_t> BuildOrder(const Placement& p, Span<uint8_t> is_gather, int64_t distance) {
   const int64_t num_anchors = static_cast<int64_t>(p.anchors.size());
-  std::vector<std::vector<int64_t>> before(num_anchors + 1);
-  slot_of->assign(slot_of->size(), -1);
-  // Gathers first (they may move earlier), then their aliases: an alias goes at its own need,
-  // but never before the slot of what it reads. What feeds a gather goes with the earliest of
-  // its readers (users come later in the input order: a reverse pass).
-  for (int64_t v : p.movable_in_order) {
-    int64_t slot = p.need[v];
-    if (is_gather[v]) slot = std::max(p.earliest[v], slot - distance);
-    (*slot_of)[v] = slot;
+  std::vector<int64_t> slot(p.need.size(), -1);
+  // Gathers first, in issue order: each moves `distance` anchors earlier, no earlier than its
+  // inputs exist and no earlier than the gather issued before it (so the issue order holds
+  // at every distance). An alias goes at its own need, never before the slot of what it
+  // reads. What feeds a gather goes with the earliest of its readers (users come later in
+  // the input order: a reverse pass).
+  for (int64_t v : p.movable_in_order) slot[v] = p.need[v];
+  int64_t floor = 0;
+  for (int64_t v : p.gathers_in_issue_order) {
+    floor = std::max({floor, p.earliest[v], p.need[v] - distance});
+    slot[v] = floor;
   }
   for (auto it = p.movable_in_order.rbegin(); it != p.movable_in_order.rend(); ++it) {
     if (!p.feeds_gather[*it]) continue;
-    for (int64_t u : p.users[*it]) (*slot_of)[*it] = std::min((*slot_of)[*it], (*slot_of)[u]);
+    for (int64_t u : p.users[*it]) slot[*it] = std::min(slot[*it], slot[u]);
   }
-  for (int64_t v : p.movable_in_order) before[(*slot_of)[v]].push_back(v);  // input order kept
+  // Within a slot: feeders (input order), then gathers (issue order), then aliases (input
+  // order). Each reads only inputs, anchors before the slot, or what comes before it here.
+  std::vector<std::vector<int64_t>> before(num_anchors + 1);
+  for (int64_t v : p.movable_in_order) {
+    if (p.feeds_gather[v]) before[slot[v]].push_back(v);
+  }
+  for (int64_t v : p.gathers_in_issue_order) before[slot[v]].push_back(v);
+  for (int64_t v : p.movable_in_order) {
+    if (!p.feeds_gather[v] && !is_gather[v]) before[slot[v]].push_back(v);
+  }
   std::vector<int64_t> order;
   order.reserve(p.anchors.size() + p.movable_in_order.size());
   for (int64_t i = 0; i <= num_anchors; ++i) {
@@ -105,8 +124,7 @@ std::vector<int64_t> BuildOrder(const Placement& p, Span<uint8_t> is_gather, int
 
 // Pass 1 and 2 of the header's bucketing, over the final order. Returns the number of buckets.
 int64_t AssignBuckets(const MemoryGraph& g, const Placement& p, Span<int64_t> order,
-                      Span<uint8_t> is_gather, Span<int64_t> gather_key,
-                      const std::vector<int64_t>& slot_of, double bucket_bytes,
+                      Span<uint8_t> is_gather, Span<int64_t> gather_key, double bucket_bytes,
                       std::vector<int64_t>* bucket_of) {
   bucket_of->assign(g.num_nodes, -1);
   if (bucket_bytes <= 0) return 0;
@@ -120,19 +138,21 @@ int64_t AssignBuckets(const MemoryGraph& g, const Placement& p, Span<int64_t> or
     for (int64_t q : p.producers[v])
       ready[v] = std::max(ready[v], p.feeds_gather[q] ? ready[q] : position[q]);
   }
-  // Pass 1: one group per (slot, key), its members in order; groups in order of their first
-  // member.
+  // Pass 1: one group per (first use, earliest slot, key), its members in order; groups in
+  // order of their first member. Grouped by first use rather than by slot, so that the
+  // groups, like the issue order, are the same at every distance.
   struct Group {
     std::vector<int64_t> members;
     double bytes = 0;
     int64_t ready = -1;
   };
-  std::map<std::pair<int64_t, int64_t>, size_t> group_at;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, size_t> group_at;
   std::vector<Group> groups;
   for (size_t k = 0; k < order.size; ++k) {
     const int64_t v = order[k];
     if (!small_gather(v)) continue;
-    auto [it, fresh] = group_at.try_emplace({slot_of[v], gather_key[v]}, groups.size());
+    auto [it, fresh] =
+        group_at.try_emplace({p.need[v], p.earliest[v], gather_key[v]}, groups.size());
     if (fresh) groups.emplace_back();
     Group& group = groups[it->second];
     group.members.push_back(v);
@@ -229,9 +249,8 @@ struct Candidate {
 Candidate Plan(const MemoryGraph& g, const Placement& p, Span<uint8_t> is_gather,
                Span<int64_t> gather_key, int64_t distance, double bucket_bytes) {
   Candidate c;
-  std::vector<int64_t> slot_of(g.num_nodes, -1);
-  const std::vector<int64_t> order = BuildOrder(p, is_gather, distance, &slot_of);
-  c.num_buckets = AssignBuckets(g, p, order, is_gather, gather_key, slot_of, bucket_bytes,
+  const std::vector<int64_t> order = BuildOrder(p, is_gather, distance);
+  c.num_buckets = AssignBuckets(g, p, order, is_gather, gather_key, bucket_bytes,
                                 &c.bucket_of);
   c.order = Bucketed(p, order, c.bucket_of, c.num_buckets);
   c.peak_bytes = BucketedPeak(g, c.order, c.bucket_of, c.num_buckets);

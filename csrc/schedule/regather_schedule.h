@@ -5,20 +5,27 @@
 // feed it: a host shard's cast and copy to the accelerator under offload_param). Each movable
 // node is placed just before the first anchor that needs it (as late as possible: a gathered
 // weight lives only as long as its use), then every gather is moved `d` anchors earlier
-// (prefetch: its communication can overlap the preceding compute), with what feeds it. d is
-// chosen with the memory simulator (memsim/memory_sim.h): the largest d <= max_prefetch whose
+// (prefetch: its communication can overlap the preceding compute), with what feeds it, but
+// never ahead of a gather issued before it. d is chosen with the memory simulator (memsim/memory_sim.h): the largest d <= max_prefetch whose
 // simulated peak stays within the budget; budget < 0 means "no higher than the peak at d = 0"
 // (prefetch for free). Each d is
 // simulated as the runtime runs it, bucketed: a bucket's members gathered together at its
 // first member, its collective holding a packed buffer as large as its members for the
 // length of its call; the peaks reported are those.
 //
+// Collective order (invariant): gathers are issued by first use, ties in input order, and
+// bucketed by first use, at every d. d reads activation sizes (through the simulator), so
+// ranks whose batches differ in size may choose different distances; their collectives must
+// still be the same calls in the same order, and they are, wherever a bucket's members read
+// graph inputs (as every parameter shard is): then the calls depend only on the input order
+// of the anchors, the gathers' bytes and keys, and bucket_bytes.
+//
 // Bucketing (bucket_of), the one place that decides which gathers share a collective, for the
 // runtime to issue each bucket as one grouped gather where its first member stands. Only
 // gathers of at most bucket_bytes with equal gather_key (same group, dtypes, device: what one
 // buffer can hold) share a bucket, in two passes:
-//   1. gathers at one insertion point (same slot) and key form a group: they would run back to
-//      back anyway (a linear's weight and bias, read by one op).
+//   1. gathers with one first use, the same earliest slot and one key form a group: they
+//      would run back to back anyway (a linear's weight and bias, read by one op).
 //   2. groups of at most bucket_bytes in all, single gathers included (a layer norm's weight,
 //      each at its own first use), are packed as units in the scheduled order by PackBuckets
 //      (schedule/buckets.h: at most bucket_bytes in all, issued at the first member, a member

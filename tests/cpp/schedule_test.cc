@@ -305,6 +305,73 @@ TEST(RegatherSchedule, WhatFeedsAGatherMovesWithIt) {
   EXPECT_EQ(s.order, bucketed);
 }
 
+// The collectives a schedule issues, in order: each a gather alone or a bucket's members.
+std::vector<std::vector<int64_t>> CollectiveCalls(const RegatherSchedule& s,
+                                                  const std::vector<uint8_t>& is_gather) {
+  std::vector<std::vector<int64_t>> calls;
+  std::vector<int64_t> call_of_bucket(s.num_buckets, -1);
+  for (int64_t v : s.order) {
+    if (!is_gather[v]) continue;
+    const int64_t b = s.bucket_of[v];
+    if (b < 0) {
+      calls.push_back({v});
+    } else if (call_of_bucket[b] < 0) {
+      call_of_bucket[b] = static_cast<int64_t>(calls.size());
+      calls.push_back({v});
+    } else {
+      calls[call_of_bucket[b]].push_back(v);
+    }
+  }
+  return calls;
+}
+
+// Ranks whose batches differ in size simulate different peaks and may choose different
+// prefetch distances; their collectives must still be the same calls in the same order. Here
+// the gathers' input order is not their use order, and at distance 2 all four would land at
+// the first slot: they used to be issued there in input order and bucketed as one slot's
+// group (one call at d = 2, and other calls at d = 0).
+TEST(RegatherSchedule, EveryDistanceIssuesTheSameCollectives) {
+  Graph g;
+  int64_t h = g.Add(8, {}, true);
+  std::vector<int64_t> gathers;
+  for (int i = 0; i < 4; ++i) {
+    const int64_t shard = g.Add(1, {}, true);
+    gathers.push_back(g.Add(40, {shard}));
+    g.movable[gathers.back()] = g.is_gather[gathers.back()] = 1;
+  }
+  std::vector<int64_t> order = {gathers[3], gathers[2], gathers[1], gathers[0]};
+  std::vector<int64_t> work;
+  for (int i = 0; i < 4; ++i) {  // layer i reads gather i
+    h = g.Add(8, {h, gathers[i]});
+    work.push_back(h);
+    order.push_back(h);
+  }
+  g.keep[h] = 1;
+  const std::vector<std::vector<int64_t>> by_use = {
+      {gathers[0]}, {gathers[1]}, {gathers[2]}, {gathers[3]}};
+  for (double bucket_bytes : {0.0, 64.0, 100.0}) {
+    std::vector<std::vector<int64_t>> first;
+    for (int64_t d = 0; d <= 3; ++d) {
+      const RegatherSchedule s = g.Schedule(order, ScheduleOptions(d, 1e9, bucket_bytes));
+      ASSERT_EQ(s.prefetch_distance, d);
+      const auto calls = CollectiveCalls(s, g.is_gather);
+      if (d == 0) first = calls;
+      EXPECT_EQ(calls, first) << "distance " << d << ", bucket_bytes " << bucket_bytes;
+    }
+    if (bucket_bytes == 0) EXPECT_EQ(first, by_use);
+    if (bucket_bytes == 100) {  // two gathers of 40 per call, by use
+      const std::vector<std::vector<int64_t>> pairs = {{gathers[0], gathers[1]},
+                                                       {gathers[2], gathers[3]}};
+      EXPECT_EQ(first, pairs);
+    }
+  }
+  // Prefetched, each gather still comes no later than `d` anchors before its use.
+  const RegatherSchedule s = g.Schedule(order, ScheduleOptions(2, 1e9, 0));
+  std::vector<int64_t> position(g.bytes.size(), -1);
+  for (size_t k = 0; k < s.order.size(); ++k) position[s.order[k]] = static_cast<int64_t>(k);
+  for (int i = 2; i < 4; ++i) EXPECT_LT(position[gathers[i]], position[work[i - 2]]);
+}
+
 TEST(RegatherSchedule, RejectsBadArguments) {
   ThreeLayers m;
   EXPECT_THROW(m.g.Schedule(m.order, ScheduleOptions(-1, -1, 0)), std::invalid_argument);
