@@ -277,11 +277,15 @@ RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_ord
   const Placement p = Analyze(g, input_order, movable, is_gather);
   Candidate best = Plan(g, p, is_gather, gather_key, 0, options.bucket_bytes);
   s.peak_bytes_no_prefetch = best.peak_bytes;
-  const double budget = options.prefetch_budget_bytes < 0 ? s.peak_bytes_no_prefetch
-                                                          : options.prefetch_budget_bytes;
-  for (int64_t d = 1; d <= options.max_prefetch; ++d) {
+  if (options.prefetch_budget_bytes < 0) {  // the header: max_prefetch, whatever the sizes
+    if (options.max_prefetch > 0) {
+      best = Plan(g, p, is_gather, gather_key, options.max_prefetch, options.bucket_bytes);
+    }
+    s.prefetch_distance = options.max_prefetch;
+  }
+  for (int64_t d = 1; options.prefetch_budget_bytes >= 0 && d <= options.max_prefetch; ++d) {
     Candidate next = Plan(g, p, is_gather, gather_key, d, options.bucket_bytes);
-    if (next.peak_bytes > budget) break;  // gathers only move earlier with d
+    if (next.peak_bytes > options.prefetch_budget_bytes) break;  // gathers only move earlier
     best = std::move(next);
     s.prefetch_distance = d;
   }

@@ -6,19 +6,24 @@
 // node is placed just before the first anchor that needs it (as late as possible: a gathered
 // weight lives only as long as its use), then every gather is moved `d` anchors earlier
 // (prefetch: its communication can overlap the preceding compute), with what feeds it, but
-// never ahead of a gather issued before it. d is chosen with the memory simulator (memsim/memory_sim.h): the largest d <= max_prefetch whose
-// simulated peak stays within the budget; budget < 0 means "no higher than the peak at d = 0"
-// (prefetch for free). Each d is
-// simulated as the runtime runs it, bucketed: a bucket's members gathered together at its
-// first member, its collective holding a packed buffer as large as its members for the
-// length of its call; the peaks reported are those.
+// never ahead of a gather issued before it. d is max_prefetch unless a budget is given
+// (budget >= 0): then the largest d <= max_prefetch whose simulated peak (memsim/memory_sim.h)
+// stays within it. Each d is simulated as the runtime runs it, bucketed: a bucket's members
+// gathered together at its first member, its collective holding a packed buffer as large as
+// its members for the length of its call; the peaks reported are those (and the peak at
+// d = 0 beside them).
 //
-// Collective order (invariant): gathers are issued by first use, ties in input order, and
-// bucketed by first use, at every d. d reads activation sizes (through the simulator), so
-// ranks whose batches differ in size may choose different distances; their collectives must
-// still be the same calls in the same order, and they are, wherever a bucket's members read
-// graph inputs (as every parameter shard is): then the calls depend only on the input order
-// of the anchors, the gathers' bytes and keys, and bucket_bytes.
+// Collective order (invariant): the calls a graph issues, on each of its groups, must be the
+// same on every rank, and ranks whose batches differ in size compile graphs of other sizes.
+//   - The gathers are issued by first use, ties in input order, and bucketed by first use, at
+//     every d: wherever a bucket's members read graph inputs (as every parameter shard does),
+//     the gather calls depend only on the anchors' input order, the gathers' bytes and keys,
+//     and bucket_bytes.
+//   - d itself decides where the gathers fall among the graph's other collectives (a
+//     backward's reduce-scatters, which are anchors), so d must not depend on sizes either.
+//     Without a budget it does not. A budget compares simulated bytes, which are this rank's
+//     sizes: ranks compiled at other sizes may then choose other distances, and their
+//     collectives may meet out of order (RematConfig.prefetch_budget_bytes says so).
 //
 // Bucketing (bucket_of), the one place that decides which gathers share a collective, for the
 // runtime to issue each bucket as one grouped gather where its first member stands. Only
@@ -56,7 +61,7 @@ struct ScheduleOptions {
         bucket_bytes(bucket_bytes) {}
 
   int64_t max_prefetch;  // in anchors; >= 0
-  double prefetch_budget_bytes;  // < 0: the peak without prefetch
+  double prefetch_budget_bytes;  // < 0: none (d = max_prefetch)
   double bucket_bytes;   // <= 0: no bucketing
 };
 

@@ -155,9 +155,13 @@ TEST(RegatherSchedule, PrefetchDistanceRespectsTheBudget) {
   EXPECT_LE(s.peak_bytes, o.prefetch_budget_bytes);
   const std::vector<int64_t> expected = {m.gathers[0], m.gathers[1], 7, m.gathers[2], 8, 9};
   EXPECT_EQ(s.order, expected);
-  o.prefetch_budget_bytes = -1;  // no more than without prefetch
+  // No budget: max_prefetch, whatever the sizes (the header's collective order: a distance
+  // read from this rank's sizes could differ between ranks).
+  o.prefetch_budget_bytes = -1;
   s = m.g.Schedule(m.order, o);
-  EXPECT_EQ(s.prefetch_distance, 0);
+  EXPECT_EQ(s.prefetch_distance, 3);
+  EXPECT_DOUBLE_EQ(s.peak_bytes, 150 + 1 + 300 + 1);  // every weight in flight at once
+  EXPECT_DOUBLE_EQ(s.peak_bytes_no_prefetch, 150 + 1 + 100 + 1);
 }
 
 TEST(RegatherSchedule, BucketsSmallGathersAtOneSlot) {
