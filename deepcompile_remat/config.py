@@ -57,8 +57,8 @@ class RematConfig:
     """ZeRO-3: a gather whose full-precision result is only downcast gathers the downcast
     shards instead (half the bytes; no fp32 full weight)."""
     schedule_gathers: bool = True
-    """ZeRO-3: place each gather just before its first use, prefetch within the budget, and
-    bucket small gathers (csrc/schedule)."""
+    """ZeRO-3: place each gather just before its first use, prefetch it (max_prefetch,
+    prefetch_budget_bytes), and bucket small gathers (csrc/schedule)."""
     max_prefetch: int = field(default=2, metadata={"min": 0})
     """How many compute steps ahead a gather may be issued."""
     prefetch_budget_bytes: float = -1.0

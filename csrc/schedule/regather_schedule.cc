@@ -282,12 +282,13 @@ RegatherSchedule ScheduleRegathers(const MemoryGraph& g, Span<int64_t> input_ord
       best = Plan(g, p, is_gather, gather_key, options.max_prefetch, options.bucket_bytes);
     }
     s.prefetch_distance = options.max_prefetch;
-  }
-  for (int64_t d = 1; options.prefetch_budget_bytes >= 0 && d <= options.max_prefetch; ++d) {
-    Candidate next = Plan(g, p, is_gather, gather_key, d, options.bucket_bytes);
-    if (next.peak_bytes > options.prefetch_budget_bytes) break;  // gathers only move earlier
-    best = std::move(next);
-    s.prefetch_distance = d;
+  } else {
+    for (int64_t d = 1; d <= options.max_prefetch; ++d) {
+      Candidate next = Plan(g, p, is_gather, gather_key, d, options.bucket_bytes);
+      if (next.peak_bytes > options.prefetch_budget_bytes) break;  // gathers only move earlier
+      best = std::move(next);
+      s.prefetch_distance = d;
+    }
   }
   s.order = std::move(best.order);
   s.bucket_of = std::move(best.bucket_of);

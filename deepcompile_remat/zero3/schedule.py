@@ -1,9 +1,10 @@
 """Applies the C++ re-gather schedule (csrc/schedule) to a forward or backward FX graph.
 
 Gathers and the views/casts that only reshape them are moved to just before their first use,
-then prefetched as far as the memory budget allows; the C++ schedule also decides which gathers
-share one bucketed collective (dcr::allgather_cast_bucket): small gathers that land at one
-point, and small gathers left alone packed in order within bucket_bytes. This module only
+then prefetched max_prefetch steps (or as far as a given byte budget allows, which reads this
+rank's sizes); the C++ schedule also decides which gathers share one bucketed collective
+(dcr::allgather_cast_bucket): small gathers that land at one point, and small gathers left
+alone packed in order within bucket_bytes. This module only
 exports the graph (fx_arrays) and applies the result. Every rank computes the same order from
 the same graph, so collectives line up.
 """
