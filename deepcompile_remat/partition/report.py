@@ -61,6 +61,10 @@ class PartitionReport:
     # this process; this is the report recorded when the cache entry was written (its timings
     # are that compile's). partition/report_cache.py keeps it beside the cache.
     from_cache: bool = False
+    # The rank whose cut this is, where ranks agreed on one per graph structure (planning/
+    # agreement.py): this rank's own, or the first that cut it. None: not agreed (one rank,
+    # memory_budget, peak_target).
+    cut_by_rank: int | None = None
 
     @property
     def saved_bytes(self) -> int:

@@ -11,7 +11,8 @@ One call plans one joint graph, in this order:
    one collective per layer and direction (zero3/unit_buckets.py);
 4. decide by the config's mode: the ordinary cut or memory_budget (partition/cut.py::decide,
    the settings of 3.), or peak_target (peak_target.py: cuts and larger buckets searched
-   together);
+   together); where the graph's collectives span ranks, the ordinary cut is the one the first
+   rank made for this graph structure (agreement.py);
 5. extract the chosen cut and run the runtime's passes with the chosen settings, then, with
    offload_activations, move saved activations to the host (partition/offload.py; inside
    every plan peak-target mode builds, so its simulated peaks count accelerator bytes only);
@@ -31,7 +32,7 @@ import torch.fx as fx
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.partition import budget, cut, fx_export, layouts, offload, report
 from deepcompile_remat.partition.simulate import step_peak
-from deepcompile_remat.planning import peak_target
+from deepcompile_remat.planning import agreement, peak_target
 from deepcompile_remat.zero3.runtime import Zero3Runtime, summary_of
 from deepcompile_remat.zero3.topology import Topology, topology_of
 from deepcompile_remat.zero3.unit_buckets import resolve_auto
@@ -102,8 +103,13 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
         return extracted.fw, extracted.bw, extracted, figures, moved
 
     plan_summary = budget_summary = None
+    cut_by_rank = None
     if config.peak_target is None:
         saved_ids, node_info, budget_summary = cut.decide(graph, config)
+        if config.memory_budget is None:  # the ordinary cut: one per structure on all ranks
+            saved_ids, node_info, cut_by_rank = agreement.agreed_cut(
+                graph, saved_ids, node_info, context=f"{config!r};{runtime.topology.key()}",
+                spans_ranks=runtime.topology.spans_ranks())
         t2 = time.perf_counter()
         built = build(saved_ids, settings)
     else:
@@ -130,7 +136,7 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
                        runtime_summary=summary_of(figures) + (auto.summary() if auto and figures
                                                               else ""),
                        budget_summary=budget_summary, plan=plan_summary, offload=moved)
-    report.record(rep, config.keep_reports)
+    report.record(dataclasses.replace(rep, cut_by_rank=cut_by_rank), config.keep_reports)
     return fw, bw
 
 

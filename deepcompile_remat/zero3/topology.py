@@ -52,6 +52,11 @@ class Topology:
                 return len(sg.secondary.ranks), sg.secondary.name
         return None
 
+    def spans_ranks(self) -> bool:
+        """Some group the graphs' collectives run on holds more than one rank."""
+        return any(g is not None and len(g.ranks) > 1 for sg in self.shard_groups
+                   for g in (sg.group, sg.replicate, sg.secondary))
+
     def key(self) -> str:
         """One line naming every group by name and ranks (the compile-cache key's part)."""
         def ref(g: Optional[GroupRef]) -> str:

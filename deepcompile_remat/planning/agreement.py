@@ -1,0 +1,115 @@
+"""One cut per graph structure across ranks: the first rank to cut a structure decides for all.
+
+Why: under per-rank padding each rank's first graph is static at its own length. The ordinary
+cut is a pure function of the graph, so ranks at the same sizes cut alike; ranks at other sizes
+cost the same structure differently, and where that flips whether an op is recomputed, it can
+flip whether the backward re-gathers the parameter the op reads (a bias read only by a
+recomputed add). The ranks would then issue different collectives and wait on each other
+(DESIGN.md, "Ranks at their own sizes").
+
+How: every rank that cuts a joint graph offers its cut under a key of the graph's structure
+(everything the cut reads but the activation bytes: op classes, flags, checkpoint tags, edges,
+outputs, the parameters' bytes) with the config and the process-group topology, through the
+job's c10d store (`compare_set` with an empty expected value: the first write wins, atomically,
+and every later caller reads it back). A rank whose cut differs takes the stored one. The store
+is not a collective: a rank that never compiles this structure, or compiles it later, waits for
+no one, so ranks that recompile at other steps stay safe.
+
+Taking another rank's cut is always legal here: the key holds every input of the cut's
+constraints (the ZeRO-3 marking, random ops, checkpoint tags and torch's must-be-in-backward
+tag are flags and op classes), so the same saved set extracts the same values; only the bytes
+it was priced at differ. Dynamic graphs are costed alike on every rank and so offer the same
+cut. memory_budget and peak_target plan from this rank's sizes in more ways (budgets, simulated
+peaks, bucket searches) and are not agreed; they say so (planning/partition_fn.py).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+from typing import Optional
+
+import numpy as np
+
+from deepcompile_remat import _C
+from deepcompile_remat.fx_arrays import ExportedJointGraph
+
+log = logging.getLogger(__name__)
+KEY_PREFIX = "deepcompile_remat/cut/v1/"
+_STRUCTURE_ARRAYS = ("op_class", "flags", "recompute", "ac_graph_id", "edge_tails", "edge_heads",
+                     "fwd_outputs", "bwd_outputs")
+
+
+def structure_key(graph: ExportedJointGraph, context: str) -> str:
+    """A digest of what the cut of `graph` reads except the activation bytes, and `context`
+    (the config and the topology). Parameters' bytes are in it: they are the same on every
+    rank, and a layer of another width is another graph."""
+    h = hashlib.sha256(context.encode())
+    for name in _STRUCTURE_ARRAYS:
+        a = np.ascontiguousarray(getattr(graph, name))
+        h.update(f"{name}:{a.dtype.str}:{a.size};".encode())
+        h.update(a.tobytes())
+    flags = np.asarray(graph.flags)
+    parameters = np.flatnonzero(flags & int(_C.NodeFlag.PARAMETER))
+    h.update(np.asarray(graph.bytes, dtype=np.float64)[parameters].tobytes())
+    return h.hexdigest()
+
+
+def default_store():
+    """The job's c10d store, or None (no process group: one process, nothing to agree)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    from torch.distributed import distributed_c10d
+
+    try:
+        return distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+
+
+def agree(store, key: str, saved_ids, node_info, rank: int):
+    """(saved_ids, node_info, rank that decided): this cut, offered under `key`, or the one a
+    rank offered first. `store` None: this rank's own."""
+    saved = [int(i) for i in saved_ids]
+    info = np.asarray(node_info, dtype=np.uint8)
+    if store is None:
+        return saved, info, rank
+    offer = json.dumps({"rank": rank, "saved": saved, "info": info.tolist()}).encode()
+    try:
+        stored = json.loads(bytes(store.compare_set(KEY_PREFIX + key, "", offer)).decode())
+    except RuntimeError as err:  # a store without compare_set (torch's FakeStore)
+        _warn_no_agreement(type(store).__name__, str(err))
+        return saved, info, rank
+    if stored["saved"] == saved:
+        return saved, info, stored["rank"]
+    if len(stored["info"]) != len(info):  # cannot be, with the key's sizes: say so, keep ours
+        raise RuntimeError(f"deepcompile_remat: the cut stored under {key} is for a graph of "
+                           f"{len(stored['info'])} nodes, this one has {len(info)}")
+    log.info("deepcompile_remat: rank %d takes the cut rank %d made for the same graph structure "
+             "(%d saved values against its own %d): ranks must issue the same collectives",
+             rank, stored["rank"], len(stored["saved"]), len(saved))
+    return stored["saved"], np.asarray(stored["info"], dtype=np.uint8), stored["rank"]
+
+
+@functools.cache
+def _warn_no_agreement(store: str, err: str) -> None:
+    log.warning("deepcompile_remat: the process group's store (%s) cannot compare_set (%s), so "
+                "ranks do not agree on one cut per graph structure: ranks whose graphs are "
+                "static at other sizes may cut differently (planning/agreement.py)", store, err)
+
+
+def agreed_cut(graph: ExportedJointGraph, saved_ids, node_info, *, context: str,
+               spans_ranks: bool, store=None) -> tuple[list, np.ndarray, Optional[int]]:
+    """The cut every rank runs for `graph` (module docstring), and the rank that decided it
+    (None where nothing was agreed: the graph's collectives span no other rank, or no store)."""
+    if not spans_ranks:
+        return list(saved_ids), np.asarray(node_info, dtype=np.uint8), None
+    store = store if store is not None else default_store()
+    if store is None:
+        return list(saved_ids), np.asarray(node_info, dtype=np.uint8), None
+    import torch.distributed as dist
+
+    return agree(store, structure_key(graph, context), saved_ids, node_info, dist.get_rank())
