@@ -80,9 +80,12 @@ def _overload(target) -> Optional[torch._ops.OpOverload]:
 
 
 def group_names_in(gm: fx.GraphModule) -> list[str]:
-    """The group names the dcr ops of `gm` pass (their `group_name` argument), sorted."""
+    """The group names the dcr ops of `gm` pass (their `group_name` argument), sorted; in
+    nested graphs too (an activation-checkpoint region is a subgraph Dynamo hands over as a
+    submodule of `gm`, and its gathers are the layer's)."""
     names = set()
-    for node in gm.graph.nodes:
+    graphs = [m.graph for m in gm.modules() if isinstance(m, fx.GraphModule)]
+    for node in (n for graph in graphs for n in graph.nodes):
         op = _overload(node.target) if node.op == "call_function" else None
         for i, arg in enumerate(op._schema.arguments if op is not None else ()):
             if arg.name != "group_name":

@@ -125,16 +125,24 @@ def _dynamo_graph_topology(rank, world):
         return gm.forward
 
     torch.compile(model, backend=backend)(torch.randn(2, 32))
-    [topology] = seen
-    [group] = topology.shard_groups
-    assert topology.world_size == world and group.group.ranks == (0, 1), topology
-    assert group.secondary is not None and group.secondary.ranks == (rank,), topology
-    assert topology.secondary_of(group.group.name) == (1, group.secondary.name)
-    assert f"s:{group.secondary.name}[{rank}]" in topology.key()
+    # The same model inside an activation-checkpoint region: its gathers are in a subgraph
+    checkpointed = torch.compile(
+        lambda x: torch.utils.checkpoint.checkpoint(model, x, use_reentrant=False),
+        backend=backend)
+    checkpointed(torch.randn(2, 32))
+    assert len(seen) == 2
+    for topology in seen:
+        [group] = topology.shard_groups
+        assert topology.world_size == world and group.group.ranks == (0, 1), topology
+        assert group.secondary is not None and group.secondary.ranks == (rank,), topology
+        assert topology.secondary_of(group.group.name) == (1, group.secondary.name)
+        assert f"s:{group.secondary.name}[{rank}]" in topology.key()
+        assert topology.spans_ranks()
 
 
 def test_the_topology_is_read_from_the_graph_dynamo_hands_the_backend():
-    """Silent bug guarded: Dynamo's graphs call the op packet (torch.ops.dcr.allgather_cast),
+    """Silent bugs guarded: Dynamo's graphs call the op packet (torch.ops.dcr.allgather_cast),
     not an overload, and a reader that only knew overloads found no group at all, so every
-    layout had one key."""
+    layout had one key; and a checkpoint region's gathers are in a subgraph, which a reader
+    of the top graph alone missed (the same one key, and no agreement on the cut)."""
     run_ranks(_dynamo_graph_topology, 2)
