@@ -127,6 +127,22 @@ def assert_same_decision_on_every_rank(world: int) -> None:
     assert all(d == every_rank[0] for d in every_rank), "ranks costed or cut differently"
 
 
+def assert_one_cut_on_every_rank(world: int) -> None:
+    """Every partition in dcr.reports() saved and recomputed the same values and issues the same
+    collectives on each of the `world` ranks, and every one whose collectives span ranks was
+    agreed (planning/agreement.py) on one rank's cut: for graphs static at each rank's own
+    size, where the schedule's simulated peaks differ and assert_same_decision_on_every_rank
+    does not apply."""
+    import deepcompile_remat as dcr
+
+    decisions = [(tuple(v.name for v in r.saved), r.recomputed, r.collectives, r.cut_by_rank)
+                 for r in dcr.reports()]
+    every_rank = [None] * world
+    dist.all_gather_object(every_rank, decisions)
+    assert all(d == every_rank[0] for d in every_rank), every_rank
+    assert all(by is not None for *_, collectives, by in every_rank[0] if collectives)
+
+
 def _start_wait_ops() -> dict:
     """Each async start op of the runtime -> its wait op."""
     dcr = torch.ops.dcr

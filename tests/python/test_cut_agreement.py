@@ -14,6 +14,7 @@ import deepcompile_remat as dcr
 from deepcompile_remat.partition import fx_export
 from deepcompile_remat.planning import agreement
 from dist_utils import assert_trains_like_one_process, run_ranks
+from graph_checks import assert_one_cut_on_every_rank
 
 
 def _exported(rows: int, width: int = 8):
@@ -112,13 +113,7 @@ def _ranks_cutting_differently(rank, world):
     every_own = [None] * world
     dist.all_gather_object(every_own, own)
     assert every_own[0] != every_own[1], "the test needs ranks whose own cuts differ"
-    # The same values saved and recomputed, the same collectives (the schedule's simulated
-    # peaks are at each rank's own sizes, so assert_same_decision_on_every_rank does not apply)
-    decisions = [None] * world
-    dist.all_gather_object(decisions, [(tuple(v.name for v in r.saved), r.recomputed,
-                                        r.collectives, r.cut_by_rank) for r in dcr.reports()])
-    assert decisions[0] == decisions[1], decisions
-    assert None not in [d[-1] for d in decisions[0]]
+    assert_one_cut_on_every_rank(world)
     assert_trains_like_one_process(model, reference, losses, ref_losses, False, world)
 
 

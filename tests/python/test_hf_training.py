@@ -27,7 +27,8 @@ import deepcompile_remat as dcr  # noqa: E402
 from deepcompile_remat import zero3  # noqa: E402
 from dcr_bench.harness import models  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
-from graph_checks import (assert_same_decision_on_every_rank, capture_partitions,  # noqa: E402
+from graph_checks import (assert_one_cut_on_every_rank,  # noqa: E402
+                          assert_same_decision_on_every_rank, capture_partitions,
                           parameter_copies_saved)
 
 VOCAB, SEQ = 128, 16
@@ -176,6 +177,8 @@ def _ranks_at_their_own_lengths(rank, world, lengths):
         ref_opt.step()
         ref_opt.zero_grad()
         torch.testing.assert_close(loss.detach(), ref_losses[rank], rtol=0, atol=1e-3)
+        if step == 0:  # static at each rank's own length: the first rank's cut on both
+            assert_one_cut_on_every_rank(world)
         if step == 1:  # the dynamic graphs: other size hints per rank, one decision
             reps = dcr.reports()
             assert reps and any(v.bytes_symbolic is not None for r in reps for v in r.saved)
