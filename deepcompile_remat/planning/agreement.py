@@ -95,6 +95,18 @@ def agree(store, key: str, saved_ids, node_info, rank: int):
 
 
 @functools.cache
+def warn_plans_read_sizes(mode: str) -> None:
+    """Once a process per mode: memory_budget and peak_target plan each graph from this rank's
+    sizes, and the plans are not agreed across ranks (module docstring)."""
+    log.warning(
+        "deepcompile_remat: %s plans each graph from this rank's sizes, and ranks do not agree "
+        "on those plans. Ranks that compile graphs of other sizes (batches padded per rank, "
+        "before the lengths are marked dynamic) may choose plans with other collectives and "
+        "wait in mismatched collectives. Pad every rank to one length or compile with "
+        "dynamic=True.", mode)
+
+
+@functools.cache
 def _warn_no_agreement(store: str, err: str) -> None:
     log.warning("deepcompile_remat: the process group's store (%s) cannot compare_set (%s), so "
                 "ranks do not agree on one cut per graph structure: ranks whose graphs are "

@@ -119,3 +119,33 @@ def _ranks_cutting_differently(rank, world):
 
 def test_ranks_whose_own_cuts_differ_run_one_cut():
     run_ranks(_ranks_cutting_differently, 2)
+
+
+@pytest.mark.parametrize("mode", ["memory_budget", "peak_target", None])
+def test_plans_that_are_not_agreed_say_so_once(caplog, mode):
+    """memory_budget and peak_target read this rank's sizes in more ways than the cut (a
+    budget in bytes, simulated peaks, bucket searches) and are not agreed: where a graph's
+    collectives span ranks, each says so once a process; the ordinary cut says nothing."""
+    from functorch.compile import aot_function
+
+    from deepcompile_remat.zero3.topology import GroupRef, ShardGroup, Topology
+
+    two_ranks = Topology(2, (ShardGroup(GroupRef("0", (0, 1))),))
+    config = dcr.RematConfig(**({mode: 1.0} if mode else {}))
+    agreement.warn_plans_read_sizes.cache_clear()
+    with caplog.at_level("WARNING", logger=agreement.__name__):
+        for rows in (4, 6):
+            fn = aot_function(lambda x, w: torch.sin(x @ w).cos().sum(), fw_compiler=_nop,
+                              partition_fn=dcr.make_partition_fn(config, topology=two_ranks))
+            fn(torch.randn(rows, 8), torch.randn(8, 8, requires_grad=True)).backward()
+    said = [r.getMessage() for r in caplog.records if "ranks do not agree" in r.getMessage()]
+    if mode is None:
+        assert not said
+    else:
+        assert len(said) == 1 and mode in said[0], said
+
+
+def _nop(gm, _inputs):
+    from functorch.compile import make_boxed_func
+
+    return make_boxed_func(gm.forward)
