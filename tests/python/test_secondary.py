@@ -8,6 +8,7 @@ import functools
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
 import deepcompile_remat as dcr
 from deepcompile_remat import zero3
@@ -35,16 +36,33 @@ def _gathers(gm):
             for n, shards in _gather_nodes(gm)]
 
 
-def _secondary_training(rank, world, kind, autocast, checkpointing):
+class _Checkpointed(nn.Module):
+    """A block whose forward is one checkpoint region (Dynamo compiles it as a subgraph)."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+
+
+def _secondary_training(rank, world, kind, autocast, checkpointing, scope="model"):
     model, reference, batches, local = gpt_and_batches(rank, world, layers=2)
 
     node, _ = dist.new_subgroups(NODE)
     zero3.shard(model, secondary_group=node)
-    if checkpointing:  # each block a checkpoint region: its forward gathers are redone too
+    if checkpointing and scope == "layers":  # a module per block, as HF's layers are
+        for m in (model, reference):  # the reference too: the same state-dict names
+            m.blocks = nn.ModuleList(_Checkpointed(block) for block in m.blocks)
+    elif checkpointing:  # each block a checkpoint region: its forward gathers are redone too
         for block in model.blocks:
             block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward,
                                               use_reentrant=False)
-    run = torch.compile(model, backend=dcr.backend(kind))
+    if scope == "layers":  # the README's dcr.compile: each block its own graph
+        run = dcr.compile(model, dcr.RematConfig(), kind)
+    else:
+        run = torch.compile(model, backend=dcr.backend(kind))
     with capture_partitions() as graphs:
         losses = _train(model, local, autocast, run)
     ref_losses = _train(reference, batches, autocast)
@@ -106,6 +124,14 @@ def test_secondary_regathers_under_activation_checkpointing():
     each block's forward, whose gathers must read the secondary shards too (after the cut),
     not go back over the world group."""
     run_ranks(_secondary_training, 4, "inductor", True, True)
+
+
+def test_secondary_regathers_per_layer_under_activation_checkpointing():
+    """Silent bug guarded: with each block compiled on its own and checkpointed, all of a
+    graph's gathers sit in the checkpoint region's subgraph; the topology, read from the top
+    graph only, had no group, so no secondary shard was kept and every re-gather crossed the
+    world group."""
+    run_ranks(_secondary_training, 4, "eager", False, True, "layers")
 
 
 def _bad_secondary_groups(rank, world):
