@@ -9,7 +9,8 @@ recomputed add). The ranks would then issue different collectives and wait on ea
 
 How: every rank that cuts a joint graph offers its cut under a key of the graph's structure
 (everything the cut reads but the activation bytes: op classes, flags, checkpoint tags, edges,
-outputs, the parameters' bytes) with the config and the process-group topology, through the
+outputs, the parameters' bytes) with the config and the process-group layout by group sizes
+(Topology.shape: every rank's own secondary or replicate group is another), through the
 job's c10d store (`compare_set` with an empty expected value: the first write wins, atomically,
 and every later caller reads it back). A rank whose cut differs takes the stored one. The store
 is not a collective: a rank that never compiles this structure, or compiles it later, waits for
@@ -85,7 +86,7 @@ def agree(store, key: str, saved_ids, node_info, rank: int):
         return saved, info, rank
     if stored["saved"] == saved:
         return saved, info, stored["rank"]
-    if len(stored["info"]) != len(info):  # cannot be, with the key's sizes: say so, keep ours
+    if len(stored["info"]) != len(info):  # the key holds the node arrays: a collision or a bug
         raise RuntimeError(f"deepcompile_remat: the cut stored under {key} is for a graph of "
                            f"{len(stored['info'])} nodes, this one has {len(info)}")
     log.info("deepcompile_remat: rank %d takes the cut rank %d made for the same graph structure "

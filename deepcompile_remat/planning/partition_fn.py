@@ -112,7 +112,7 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
         saved_ids, node_info, budget_summary = cut.decide(graph, config)
         if config.memory_budget is None:  # the ordinary cut: one per structure on all ranks
             saved_ids, node_info, cut_by_rank = agreement.agreed_cut(
-                graph, saved_ids, node_info, context=f"{config!r};{runtime.topology.key()}",
+                graph, saved_ids, node_info, context=f"{config!r};{runtime.topology.shape()}",
                 spans_ranks=runtime.topology.spans_ranks())
         t2 = time.perf_counter()
         built = build(saved_ids, settings)

@@ -57,6 +57,15 @@ class Topology:
         return any(g is not None and len(g.ranks) > 1 for sg in self.shard_groups
                    for g in (sg.group, sg.replicate, sg.secondary))
 
+    def shape(self) -> str:
+        """The layout by group sizes only: the same on every rank of a job, where key() names
+        this rank's own replicate and secondary groups (planning/agreement.py's key part)."""
+        def size(g: Optional[GroupRef]) -> int:
+            return 0 if g is None else len(g.ranks)
+        groups = ";".join(f"{size(sg.group)}/r:{size(sg.replicate)}/s:{size(sg.secondary)}"
+                          for sg in self.shard_groups)
+        return f"world={self.world_size};{groups}"
+
     def key(self) -> str:
         """One line naming every group by name and ranks (the compile-cache key's part)."""
         def ref(g: Optional[GroupRef]) -> str:

@@ -14,7 +14,7 @@ import deepcompile_remat as dcr
 from deepcompile_remat import zero3
 from dcr_bench.harness.models import GPT
 from dist_utils import assert_trains_like_one_process, gpt_and_batches, run_ranks
-from graph_checks import capture_partitions
+from graph_checks import assert_one_cut_on_every_rank, capture_partitions
 from test_zero3 import _train
 
 NODE = 2
@@ -67,6 +67,8 @@ def _secondary_training(rank, world, kind, autocast, checkpointing, scope="model
         losses = _train(model, local, autocast, run)
     ref_losses = _train(reference, batches, autocast)
     assert_trains_like_one_process(model, reference, losses, ref_losses, autocast, world)
+    # One agreed cut on all 4 ranks, though each pair of ranks has its own secondary group
+    assert_one_cut_on_every_rank(world)
 
     assert graphs, "the partitioner did not run"
     matrices = {p.numel() for p in model.parameters() if len(p.ds_shape) >= 2}
