@@ -72,12 +72,10 @@ def default_store():
 
 
 def agree(store, key: str, saved_ids, node_info, rank: int):
-    """(saved_ids, node_info, rank that decided): this cut, offered under `key`, or the one a
-    rank offered first. `store` None: this rank's own."""
+    """(saved_ids, node_info, rank that decided): this cut, offered under `key` in `store`, or
+    the one a rank offered first."""
     saved = [int(i) for i in saved_ids]
     info = np.asarray(node_info, dtype=np.uint8)
-    if store is None:
-        return saved, info, rank
     offer = json.dumps({"rank": rank, "saved": saved, "info": info.tolist()}).encode()
     try:
         stored = json.loads(bytes(store.compare_set(KEY_PREFIX + key, "", offer)).decode())
@@ -118,10 +116,9 @@ def agreed_cut(graph: ExportedJointGraph, saved_ids, node_info, *, context: str,
                spans_ranks: bool, store=None) -> tuple[list, np.ndarray, Optional[int]]:
     """The cut every rank runs for `graph` (module docstring), and the rank that decided it
     (None where nothing was agreed: the graph's collectives span no other rank, or no store)."""
-    if not spans_ranks:
-        return list(saved_ids), np.asarray(node_info, dtype=np.uint8), None
-    store = store if store is not None else default_store()
-    if store is None:
+    if spans_ranks and store is None:
+        store = default_store()
+    if store is None or not spans_ranks:
         return list(saved_ids), np.asarray(node_info, dtype=np.uint8), None
     import torch.distributed as dist
 

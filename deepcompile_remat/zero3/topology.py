@@ -14,7 +14,7 @@ cache never serves graphs made for another layout.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 import torch.fx as fx
@@ -60,18 +60,15 @@ class Topology:
     def shape(self) -> str:
         """The layout by group sizes only: the same on every rank of a job, where key() names
         this rank's own replicate and secondary groups (planning/agreement.py's key part)."""
-        def size(g: Optional[GroupRef]) -> int:
-            return 0 if g is None else len(g.ranks)
-        groups = ";".join(f"{size(sg.group)}/r:{size(sg.replicate)}/s:{size(sg.secondary)}"
-                          for sg in self.shard_groups)
-        return f"world={self.world_size};{groups}"
+        return self._line(lambda g: "0" if g is None else str(len(g.ranks)))
 
     def key(self) -> str:
         """One line naming every group by name and ranks (the compile-cache key's part)."""
-        def ref(g: Optional[GroupRef]) -> str:
-            return "-" if g is None else f"{g.name}{list(g.ranks)}"
-        groups = ";".join(f"{ref(sg.group)}/r:{ref(sg.replicate)}/s:{ref(sg.secondary)}"
-                          for sg in self.shard_groups)
+        return self._line(lambda g: "-" if g is None else f"{g.name}{list(g.ranks)}")
+
+    def _line(self, describe: Callable[[Optional[GroupRef]], str]) -> str:
+        groups = ";".join(f"{describe(sg.group)}/r:{describe(sg.replicate)}"
+                          f"/s:{describe(sg.secondary)}" for sg in self.shard_groups)
         return f"world={self.world_size};{groups}"
 
 
