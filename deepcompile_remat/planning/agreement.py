@@ -20,8 +20,9 @@ Taking another rank's cut is always legal here: the key holds every input of the
 constraints (the ZeRO-3 marking, random ops, checkpoint tags and torch's must-be-in-backward
 tag are flags and op classes), so the same saved set extracts the same values; only the bytes
 it was priced at differ. Dynamic graphs are costed alike on every rank and so offer the same
-cut. memory_budget and peak_target plan from this rank's sizes in more ways (budgets, simulated
-peaks, bucket searches) and are not agreed; they say so (planning/partition_fn.py).
+cut. A prefetch byte budget, memory_budget and peak_target choose from this rank's sizes in
+more ways (simulated peaks, budgets, bucket searches) and are not agreed; they say so
+(size_reading_settings).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from typing import Optional
 import numpy as np
 
 from deepcompile_remat import _C
+from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_arrays import ExportedJointGraph
 
 log = logging.getLogger(__name__)
@@ -93,16 +95,24 @@ def agree(store, key: str, saved_ids, node_info, rank: int):
     return stored["saved"], np.asarray(stored["info"], dtype=np.uint8), stored["rank"]
 
 
+def size_reading_settings(config: RematConfig) -> list[str]:
+    """The settings `config` sets whose choices for a graph read this rank's sizes and are not
+    agreed: a prefetch byte budget (csrc/schedule/regather_schedule.h, "Collective order"),
+    memory_budget and peak_target (budgets, simulated peaks, bucket searches)."""
+    return [name for name, on in (("prefetch_budget_bytes", config.prefetch_budget_bytes >= 0),
+                                  ("memory_budget", config.memory_budget is not None),
+                                  ("peak_target", config.peak_target is not None)) if on]
+
+
 @functools.cache
-def warn_plans_read_sizes(mode: str) -> None:
-    """Once a process per mode: memory_budget and peak_target plan each graph from this rank's
-    sizes, and the plans are not agreed across ranks (module docstring)."""
+def warn_reads_sizes(setting: str) -> None:
+    """Once a process per setting of size_reading_settings."""
     log.warning(
-        "deepcompile_remat: %s plans each graph from this rank's sizes, and ranks do not agree "
-        "on those plans. Ranks that compile graphs of other sizes (batches padded per rank, "
-        "before the lengths are marked dynamic) may choose plans with other collectives and "
-        "wait in mismatched collectives. Pad every rank to one length or compile with "
-        "dynamic=True.", mode)
+        "deepcompile_remat: %s is set, and what it chooses for each graph reads this rank's "
+        "sizes; ranks do not agree on it. Ranks that compile graphs of other sizes (batches "
+        "padded per rank, before the lengths are marked dynamic) may choose other collectives "
+        "and wait in mismatched collectives. Pad every rank to one length, compile with "
+        "dynamic=True, or leave %s at its default.", setting, setting)
 
 
 @functools.cache

@@ -104,10 +104,9 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
 
     plan_summary = budget_summary = None
     cut_by_rank = None
-    budgeted = "peak_target" if config.peak_target is not None else (
-        "memory_budget" if config.memory_budget is not None else None)
-    if budgeted and runtime.topology.spans_ranks():
-        agreement.warn_plans_read_sizes(budgeted)
+    if runtime.topology.spans_ranks():
+        for setting in agreement.size_reading_settings(config):
+            agreement.warn_reads_sizes(setting)
     if config.peak_target is None:
         saved_ids, node_info, budget_summary = cut.decide(graph, config)
         if config.memory_budget is None:  # the ordinary cut: one per structure on all ranks

@@ -11,8 +11,6 @@ the same graph, so collectives line up.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import logging
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -28,9 +26,6 @@ from deepcompile_remat.fx_values import OPS, is_alias
 from deepcompile_remat.zero3 import custom_ops
 from deepcompile_remat.zero3.bucketing import members_by_bucket, replace_with_bucket
 from deepcompile_remat.zero3.passes import gather_dtype, is_allgather_cast
-
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True, slots=True)
 class ScheduleOptions:
@@ -130,8 +125,6 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
     gather_ids = np.flatnonzero(is_gather)
     gather_key = np.full(len(nodes), -1, dtype=np.int64)
     gather_key[gather_ids] = compatibility_keys([_gather_key(nodes[i]) for i in gather_ids])
-    if options.prefetch_budget_bytes >= 0 and any(nodes[i].args[1] > 1 for i in gather_ids):
-        _warn_budget_reads_sizes()
     input_order = np.flatnonzero(memory.is_input == 0).astype(np.int64)
     s = _C.schedule_regathers(
         memory, input_order=input_order, movable=movable, is_gather=is_gather,
@@ -155,18 +148,6 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
         peak_bytes=float(s.peak_bytes), peak_bytes_no_prefetch=float(s.peak_bytes_no_prefetch),
         peak_bytes_input_order=float(s.peak_bytes_input_order), buckets=int(s.num_buckets),
         async_prefetched=prefetched, max_in_flight=in_flight)
-
-
-@functools.cache
-def _warn_budget_reads_sizes() -> None:
-    """Once a process: the one runtime setting whose collective order reads this rank's sizes
-    (csrc/schedule/regather_schedule.h, "Collective order")."""
-    log.warning(
-        "deepcompile_remat: prefetch_budget_bytes is set, so each graph's prefetch distance is "
-        "chosen from this rank's sizes. Ranks that compile graphs of other sizes (batches "
-        "padded per rank, before the lengths are marked dynamic) may choose other distances "
-        "and wait in mismatched collectives. Pad every rank to one length, compile with "
-        "dynamic=True, or leave prefetch_budget_bytes at -1 (max_prefetch steps).")
 
 
 def apply_order(gm: fx.GraphModule, nodes: list, is_input: np.ndarray, order) -> None:

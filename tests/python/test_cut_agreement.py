@@ -121,18 +121,19 @@ def test_ranks_whose_own_cuts_differ_run_one_cut():
     run_ranks(_ranks_cutting_differently, 2)
 
 
-@pytest.mark.parametrize("mode", ["memory_budget", "peak_target", None])
-def test_plans_that_are_not_agreed_say_so_once(caplog, mode):
-    """memory_budget and peak_target read this rank's sizes in more ways than the cut (a
-    budget in bytes, simulated peaks, bucket searches) and are not agreed: where a graph's
-    collectives span ranks, each says so once a process; the ordinary cut says nothing."""
+@pytest.mark.parametrize("mode", ["prefetch_budget_bytes", "memory_budget", "peak_target", None])
+def test_settings_that_are_not_agreed_say_so_once(caplog, mode):
+    """A prefetch byte budget (the distance orders the gathers among the backward's
+    reduce-scatters), memory_budget and peak_target read this rank's sizes in more ways than
+    the cut (simulated peaks, budgets in bytes, bucket searches) and are not agreed: where a
+    graph's collectives span ranks, each says so once a process; the defaults say nothing."""
     from functorch.compile import aot_function
 
     from deepcompile_remat.zero3.topology import GroupRef, ShardGroup, Topology
 
     two_ranks = Topology(2, (ShardGroup(GroupRef("0", (0, 1))),))
     config = dcr.RematConfig(**({mode: 1.0} if mode else {}))
-    agreement.warn_plans_read_sizes.cache_clear()
+    agreement.warn_reads_sizes.cache_clear()
     with caplog.at_level("WARNING", logger=agreement.__name__):
         for rows in (4, 6):
             fn = aot_function(lambda x, w: torch.sin(x @ w).cos().sum(), fw_compiler=_nop,

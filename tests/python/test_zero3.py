@@ -416,11 +416,10 @@ def test_a_host_shards_copy_moves_with_its_prefetched_gather(bucket_bytes):
         assert order.index(copies[1]) < order.index(second) < order.index(sin)
 
 
-def test_a_prefetch_budget_says_it_reads_this_ranks_sizes(caplog):
-    """A byte budget chooses the prefetch distance from this rank's sizes, and the distance
-    orders the gathers among the backward's reduce-scatters: ranks compiled at other sizes
-    could wait in mismatched collectives. Said once, where gathers span ranks; never without
-    a budget, whose distance reads no size."""
+def test_without_a_prefetch_budget_every_gather_is_max_prefetch_ahead():
+    """With no byte budget the distance reads no size: max_prefetch, so ranks compiled at other
+    sizes place their gathers alike among the backward's reduce-scatters. (A budget reads this
+    rank's sizes and says so: test_cut_agreement.py, the settings that are not agreed.)"""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from deepcompile_remat.zero3 import schedule
@@ -429,20 +428,10 @@ def test_a_prefetch_budget_says_it_reads_this_ranks_sizes(caplog):
         h = torch.sin(x @ OPS.allgather_cast(w0, 2, "0").view(8, 8).t())
         return h @ OPS.allgather_cast(w1, 2, "0").view(8, 8).t()
 
-    def scheduled(budget):
-        gm = make_fx(step, tracing_mode="fake")(torch.randn(32), torch.randn(32),
-                                                torch.randn(4, 8))
-        options = schedule.ScheduleOptions(max_prefetch=2, prefetch_budget_bytes=budget,
-                                           bucket_bytes=0.0, async_gathers="off")
-        return schedule.schedule_gathers(gm, options, graph="fw")
-
-    schedule._warn_budget_reads_sizes.cache_clear()
-    with caplog.at_level("WARNING", logger=schedule.__name__):
-        assert scheduled(-1.0).prefetch_distance == 2  # no budget: max_prefetch
-        assert not caplog.records
-        scheduled(1e12)
-        scheduled(1e12)
-    assert [r.getMessage().count("this rank's sizes") for r in caplog.records] == [1]
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(32), torch.randn(32), torch.randn(4, 8))
+    options = schedule.ScheduleOptions(max_prefetch=2, prefetch_budget_bytes=-1.0,
+                                       bucket_bytes=0.0, async_gathers="off")
+    assert schedule.schedule_gathers(gm, options, graph="fw").prefetch_distance == 2
 
 
 class TiedOddFrozen(nn.Module):
