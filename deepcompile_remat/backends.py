@@ -16,11 +16,12 @@ peaks there. Under inductor, an AOTAutograd cache hit skips partitioning, so on_
 nothing: turn ``torch._inductor.config.fx_graph_cache`` and
 ``torch._functorch.config.enable_autograd_cache`` off where every partition must be seen. The
 PartitionReports survive such a hit (partition/report_cache.py): reports() gets the ones
-recorded when the cache entry was written, marked from_cache.
+recorded when the cache entry was written, marked from_cache. Where the graph's collectives
+span ranks, the hit offers its cut to the job's other ranks, and a hit whose cut is not the
+job's is compiled again without that cache (planning/agreement.py).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -31,6 +32,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from deepcompile_remat import planning
+from deepcompile_remat.planning import agreement
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.partition import report_cache
 from deepcompile_remat.zero3.topology import Topology, topology_of
@@ -199,16 +201,43 @@ def _inductor_backend(config: RematConfig, on_partition: Optional[Callable] = No
         if not config.enabled and on_partition is None:  # off: stock inductor
             return compile_fx(gm, example_inputs)
         # Off but observed: torch's min-cut behind the hook, so on_partition sees its graphs.
+        topology = topology_of(gm)
         partitioner = RematPartitioner(config, _parameters(config, example_inputs),
                                        len(example_inputs), on_partition, example_inputs,
-                                       topology_of(gm))
-        kept = (report_cache.surviving_cache_hits(partitioner.uuid(), gm, example_inputs,
-                                                  config.keep_reports)
-                if config.enabled else contextlib.nullcontext())
-        with torch._inductor.config.patch(custom_partitioner_fn=partitioner), kept:
-            return compile_fx(gm, example_inputs)
+                                       topology)
+        with torch._inductor.config.patch(custom_partitioner_fn=partitioner):
+            if not config.enabled:
+                return compile_fx(gm, example_inputs)
+            return _compiled_with_the_jobs_cut(compile_fx, gm, example_inputs,
+                                               partitioner, config.keep_reports,
+                                               topology.spans_ranks())
 
     return compile_fn
+
+
+def _compiled_with_the_jobs_cut(compile_fx: Callable, gm: torch.fx.GraphModule,
+                                example_inputs, partitioner: RematPartitioner, keep: int,
+                                spans_ranks: bool):
+    """compile_fx(gm, example_inputs), its reports kept beside torch's caches; where torch's
+    AOTAutograd cache served a cut this job's ranks did not agree on (planning/agreement.py),
+    compiled again without the caches: nothing of the served compile has run."""
+    vet = functools.partial(agreement.served_cuts_agree, spans_ranks=spans_ranks)
+    with report_cache.surviving_cache_hits(partitioner.uuid(), gm, example_inputs, keep,
+                                           vet) as served:
+        compiled = compile_fx(gm, example_inputs)
+    if not served.refused:
+        return compiled
+    # Not enable_autograd_cache: TORCHINDUCTOR_AUTOGRAD_CACHE=1 overrides a patch of it.
+    hits = report_cache.autograd_cache_hits()
+    with torch.compiler.config.patch(force_disable_caches=True):
+        compiled = compile_fx(gm, example_inputs)
+    if report_cache.autograd_cache_hits() > hits:
+        raise RuntimeError(
+            "deepcompile_remat: a compile served from torch's AOTAutograd cache runs a cut the "
+            "other ranks did not agree on, and compiling it again was served from the cache "
+            "too (TORCHINDUCTOR_FORCE_DISABLE_CACHES=0?). Clear the cache folder "
+            "(TORCHINDUCTOR_CACHE_DIR) or turn that cache off.")
+    return compiled
 
 
 def compile(model: torch.nn.Module, config: Optional[RematConfig] = None,  # noqa: A001

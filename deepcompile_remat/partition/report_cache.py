@@ -21,7 +21,7 @@ import logging
 import os
 import pickle
 import tempfile
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -86,32 +86,48 @@ def load(key: str) -> tuple:
     return tuple(r for r in kept if isinstance(r, report.PartitionReport))
 
 
-def _autograd_cache_hits() -> int:
+def autograd_cache_hits() -> int:
+    """How many compiles torch's AOTAutograd cache has served in this process."""
     from torch._dynamo.utils import counters
 
     return counters["aot_autograd"]["autograd_cache_hit"]
 
 
+@dataclasses.dataclass
+class Served:
+    """What surviving_cache_hits saw of its compile: refused is True where torch served it from
+    the AOTAutograd cache and `vet` would not take the reports kept for it."""
+    refused: bool = False
+
+
 @contextlib.contextmanager
 def surviving_cache_hits(partitioner_uuid: str, gm: torch.fx.GraphModule,
-                         example_inputs: Sequence[Any], keep: int):
-    """Context manager around one compile of `gm`: the reports its partitioner records are
-    kept under key_of(...); if torch served it from the AOTAutograd cache instead (no report,
-    a cache hit), the kept ones are recorded again (from_cache=True), or a warning says they
-    are missing. With the caches off it does nothing (not even hash the graph)."""
+                         example_inputs: Sequence[Any], keep: int,
+                         vet: Optional[Callable[[tuple], Optional[tuple]]] = None):
+    """Context manager around one compile of `gm`, yielding a Served: the reports its
+    partitioner records are kept under key_of(...); if torch served it from the AOTAutograd
+    cache instead (no report, a cache hit), the kept ones are recorded again (from_cache=True),
+    or a warning says they are missing. vet(kept reports) returns the reports to record, or
+    None: the caller must not run what the cache served (Served.refused; nothing is recorded).
+    With the caches off it does nothing (not even hash the graph)."""
+    served = Served()
     if not caches_on():
-        yield
+        yield served
         return
     key = key_of(partitioner_uuid, gm, example_inputs)
-    hits = _autograd_cache_hits()
+    hits = autograd_cache_hits()
     with report.collecting() as fresh:
-        yield
+        yield served
     if fresh:
         save(key, fresh)
-    elif _autograd_cache_hits() > hits:
-        kept = load(key)
+    elif autograd_cache_hits() > hits:
+        kept = tuple(dataclasses.replace(r, from_cache=True) for r in load(key))
+        kept = kept if vet is None else vet(kept)
+        if kept is None:
+            served.refused = True
+            return
         for r in kept:
-            report.record(dataclasses.replace(r, from_cache=True), keep)
+            report.record(r, keep)
         if not kept:
             log.warning("deepcompile_remat: a compile was served from torch's AOTAutograd "
                         "cache, and its partition report was not kept (%s removed?): "

@@ -16,6 +16,12 @@ and every later caller reads it back). A rank whose cut differs takes the stored
 is not a collective: a rank that never compiles this structure, or compiles it later, waits for
 no one, so ranks that recompile at other steps stay safe.
 
+A compile served from torch's AOTAutograd cache runs a cut made in an earlier job without
+cutting. Its report keeps the agreed cut (PartitionReport.agreed), and the inductor backend
+offers it again on the hit (served_cuts_agree): served first, it is the job's cut, and ranks
+that cut the structure later take it; a rank whose served cut lost compiles again without that
+cache, before any of its collectives ran, and takes the job's.
+
 Taking another rank's cut is always legal here: the key holds every input of the cut's
 constraints (the ZeRO-3 marking, random ops, checkpoint tags and torch's must-be-in-backward
 tag are flags and op classes), so the same saved set extracts the same values; only the bytes
@@ -26,17 +32,19 @@ more ways (simulated peaks, budgets, bucket searches) and are not agreed; they s
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import logging
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from deepcompile_remat import _C
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_arrays import ExportedJointGraph
+from deepcompile_remat.partition.report import PartitionReport
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "deepcompile_remat/cut/v1/"
@@ -73,16 +81,24 @@ def default_store():
         return None
 
 
+def _offer(store, key: str, saved: list, info: np.ndarray, rank: int) -> Optional[dict]:
+    """The cut stored under `key` ({"rank", "saved", "info"}) after offering this one, or None
+    where the store cannot compare_set (torch's FakeStore: nothing is agreed, said once)."""
+    offer = json.dumps({"rank": rank, "saved": saved, "info": info.tolist()}).encode()
+    try:
+        return json.loads(bytes(store.compare_set(KEY_PREFIX + key, "", offer)).decode())
+    except RuntimeError as err:
+        _warn_no_agreement(type(store).__name__, str(err))
+        return None
+
+
 def agree(store, key: str, saved_ids, node_info, rank: int):
     """(saved_ids, node_info, rank that decided): this cut, offered under `key` in `store`, or
     the one a rank offered first."""
     saved = [int(i) for i in saved_ids]
     info = np.asarray(node_info, dtype=np.uint8)
-    offer = json.dumps({"rank": rank, "saved": saved, "info": info.tolist()}).encode()
-    try:
-        stored = json.loads(bytes(store.compare_set(KEY_PREFIX + key, "", offer)).decode())
-    except RuntimeError as err:  # a store without compare_set (torch's FakeStore)
-        _warn_no_agreement(type(store).__name__, str(err))
+    stored = _offer(store, key, saved, info, rank)
+    if stored is None:
         return saved, info, rank
     if stored["saved"] == saved:
         return saved, info, stored["rank"]
@@ -93,6 +109,46 @@ def agree(store, key: str, saved_ids, node_info, rank: int):
              "(%d saved values against its own %d): ranks must issue the same collectives",
              rank, stored["rank"], len(stored["saved"]), len(saved))
     return stored["saved"], np.asarray(stored["info"], dtype=np.uint8), stored["rank"]
+
+
+def served_cuts_agree(kept: Sequence[PartitionReport], *, spans_ranks: bool, store=None
+                      ) -> Optional[tuple[PartitionReport, ...]]:
+    """A compile served from torch's AOTAutograd cache runs the cuts made when the entry was
+    written, in another job, maybe agreed with ranks at other sizes: this job's ranks that
+    cut the same structure must take them, or this rank must not run them. Each kept report's
+    agreed cut is offered again under its key; returns the reports with this job's deciding
+    rank, or None where one is not this job's cut (the caller compiles again without the
+    cache, and takes the job's cut) or, where the compile's collectives span ranks, no report
+    was kept to offer."""
+    if not spans_ranks:
+        return tuple(kept)
+    store = default_store() if store is None else store
+    if store is None:
+        return tuple(kept)
+    if not kept:
+        log.warning("deepcompile_remat: a compile was served from torch's AOTAutograd cache "
+                    "without its partition report, so its cut cannot be offered to the other "
+                    "ranks: compiling it again without that cache")
+        return None
+    import torch.distributed as dist
+
+    rank, agreed = dist.get_rank(), []
+    for r in kept:
+        if r.agreed is None:  # not agreed (memory_budget, peak_target), or one rank
+            agreed.append(r)
+            continue
+        key, saved, info = r.agreed
+        stored = _offer(store, key, list(saved), np.frombuffer(info, np.uint8), rank)
+        if stored is None:
+            return tuple(kept)
+        if stored["saved"] != list(saved):
+            log.info("deepcompile_remat: rank %d was served a compile from torch's AOTAutograd "
+                     "cache whose cut (made in an earlier job) is not the one rank %d made for "
+                     "the same graph structure in this job: compiling it again without that "
+                     "cache, to take rank %d's cut", rank, stored["rank"], stored["rank"])
+            return None
+        agreed.append(dataclasses.replace(r, cut_by_rank=stored["rank"]))
+    return tuple(agreed)
 
 
 def size_reading_settings(config: RematConfig) -> list[str]:
@@ -123,13 +179,16 @@ def _warn_no_agreement(store: str, err: str) -> None:
 
 
 def agreed_cut(graph: ExportedJointGraph, saved_ids, node_info, *, context: str,
-               spans_ranks: bool, store=None) -> tuple[list, np.ndarray, Optional[int]]:
-    """The cut every rank runs for `graph` (module docstring), and the rank that decided it
-    (None where nothing was agreed: the graph's collectives span no other rank, or no store)."""
+               spans_ranks: bool, store=None
+               ) -> tuple[list, np.ndarray, Optional[int], Optional[str]]:
+    """The cut every rank runs for `graph` (module docstring), the rank that decided it and
+    the structure key it was agreed under (both None where nothing was agreed: the graph's
+    collectives span no other rank, or no store)."""
     if spans_ranks and store is None:
         store = default_store()
     if store is None or not spans_ranks:
-        return list(saved_ids), np.asarray(node_info, dtype=np.uint8), None
+        return list(saved_ids), np.asarray(node_info, dtype=np.uint8), None, None
     import torch.distributed as dist
 
-    return agree(store, structure_key(graph, context), saved_ids, node_info, dist.get_rank())
+    key = structure_key(graph, context)
+    return (*agree(store, key, saved_ids, node_info, dist.get_rank()), key)

@@ -27,6 +27,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import torch.fx as fx
 
 from deepcompile_remat.config import RematConfig
@@ -103,14 +104,14 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
         return extracted.fw, extracted.bw, extracted, figures, moved
 
     plan_summary = budget_summary = None
-    cut_by_rank = None
+    cut_by_rank = agreed_under = None
     if runtime.topology.spans_ranks():
         for setting in agreement.size_reading_settings(config):
             agreement.warn_reads_sizes(setting)
     if config.peak_target is None:
         saved_ids, node_info, budget_summary = cut.decide(graph, config)
         if config.memory_budget is None:  # the ordinary cut: one per structure on all ranks
-            saved_ids, node_info, cut_by_rank = agreement.agreed_cut(
+            saved_ids, node_info, cut_by_rank, agreed_under = agreement.agreed_cut(
                 graph, saved_ids, node_info, context=f"{config!r};{runtime.topology.shape()}",
                 spans_ranks=runtime.topology.spans_ranks())
         t2 = time.perf_counter()
@@ -139,7 +140,10 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
                        runtime_summary=summary_of(figures) + (auto.summary() if auto and figures
                                                               else ""),
                        budget_summary=budget_summary, plan=plan_summary, offload=moved)
-    report.record(dataclasses.replace(rep, cut_by_rank=cut_by_rank), config.keep_reports)
+    agreed = None if agreed_under is None else (
+        agreed_under, tuple(int(i) for i in saved_ids), np.asarray(node_info, np.uint8).tobytes())
+    report.record(dataclasses.replace(rep, cut_by_rank=cut_by_rank, agreed=agreed),
+                  config.keep_reports)
     return fw, bw
 
 

@@ -150,3 +150,95 @@ def _nop(gm, _inputs):
     from functorch.compile import make_boxed_func
 
     return make_boxed_func(gm.forward)
+
+
+def _job_on_one_cache(rank, world, cache_dir, rows, offers_second, out_dir):
+    """One job with torch's caches on in cache_dir: rank r trains on rows[r] rows, rank 1
+    cuts with the aggressive policy (as a cut that sizes flip would), and rank
+    `offers_second` offers its cut only once another rank has offered one (the order the
+    test needs). Writes this rank's cache counters and reports."""
+    import copy
+    import datetime
+    import json
+    import os
+
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    from deepcompile_remat.partition import cut
+    from deepcompile_remat.zero3 import shard
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == cache_dir
+    inductor_config.fx_graph_cache = True  # the rank entry turns them off: on again
+    functorch_config.enable_autograd_cache = True
+    decide, offer = cut.decide, agreement._offer
+
+    def decide_as_this_rank(graph, config):
+        policy = "aggressive" if rank == 1 else config.policy
+        return decide(graph, dataclasses.replace(config, policy=policy))
+
+    def offer_in_order(store, key, *args):
+        if rank == offers_second:
+            try:  # the other rank's offer; none within the limit: a failure, not a hang
+                store.wait([agreement.KEY_PREFIX + key], datetime.timedelta(seconds=90))
+            except RuntimeError:
+                pass
+        return offer(store, key, *args)
+
+    cut.decide, agreement._offer = decide_as_this_rank, offer_in_order
+    try:
+        torch.manual_seed(0)
+        model = _Net()
+        reference = copy.deepcopy(model)
+        shard(model)
+        compiled = torch.compile(model, backend=dcr.backend("inductor"))
+        gen = torch.Generator().manual_seed(1)
+        batches = [torch.randn(n, 16, generator=gen) for n in rows]
+        loss = compiled(batches[rank])
+        loss.backward()
+        ref_loss = sum(reference(b) for b in batches) / world
+        ref_loss.backward()
+    finally:
+        cut.decide, agreement._offer = decide, offer
+    assert_one_cut_on_every_rank(world)
+    assert_trains_like_one_process(model, reference, [loss.detach()], [ref_loss.detach()],
+                                   False, world)
+    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+        json.dump({"hits": counters["aot_autograd"]["autograd_cache_hit"],
+                   "by": [r.cut_by_rank for r in dcr.reports()],
+                   "from_cache": [r.from_cache for r in dcr.reports()]}, f)
+
+
+def _job(tmp_path, monkeypatch, name, cache, rows, offers_second):
+    import json
+
+    out = tmp_path / name
+    out.mkdir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    run_ranks(_job_on_one_cache, 2, str(cache), rows, offers_second, str(out), fresh=True)
+    return [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_rank_served_from_the_cache_runs_the_jobs_cut(tmp_path, monkeypatch):
+    """A compile served from torch's AOTAutograd cache runs a cut agreed in an earlier job.
+    Job 1 (ranks at 3 and 43 rows) agrees on rank 0's cut and caches it at both sizes. In
+    job 2 rank 0 runs 43 rows (a cache hit with that cut) and rank 1 runs 7 (a miss; its own
+    cut differs). Served first, rank 0's cut is the job's and rank 1 takes it; offered after
+    rank 1's, rank 0 compiles again without that cache and takes rank 1's. Before, rank 0's
+    hit offered nothing: the ranks ran different cuts."""
+    import shutil
+
+    first = _job(tmp_path, monkeypatch, "job1", tmp_path / "cache", (3, 43), offers_second=1)
+    assert [c["by"] for c in first] == [[0], [0]] and not any(c["hits"] for c in first), first
+    shutil.copytree(tmp_path / "cache", tmp_path / "cache2")
+    served_first = _job(tmp_path, monkeypatch, "hit-first", tmp_path / "cache", (43, 7),
+                        offers_second=1)
+    assert served_first[0]["hits"] >= 1 and served_first[0]["from_cache"] == [True]
+    assert served_first[1]["hits"] == 0 and [c["by"] for c in served_first] == [[0], [0]]
+    served_second = _job(tmp_path, monkeypatch, "hit-second", tmp_path / "cache2", (43, 7),
+                         offers_second=0)
+    assert served_second[0]["hits"] >= 1 and served_second[0]["from_cache"] == [False]
+    assert [c["by"] for c in served_second] == [[1], [1]], served_second
