@@ -7,7 +7,8 @@ flip whether the backward re-gathers the parameter the op reads (a bias read onl
 recomputed add). The ranks would then issue different collectives and wait on each other
 (DESIGN.md, "Ranks at their own sizes").
 
-How: every rank that cuts a joint graph offers its cut under a key of the graph's structure
+How: every rank that makes the ordinary cut of a joint graph, or memory_budget's, offers it
+under a key of the graph's structure
 (everything the cut reads but the activation bytes: op classes, flags, checkpoint tags, edges,
 outputs, the parameters' bytes) with the config and the process-group layout by group sizes
 (Topology.shape: every rank's own secondary or replicate group is another), through the
@@ -25,10 +26,11 @@ cache, before any of its collectives ran, and takes the job's.
 Taking another rank's cut is always legal here: the key holds every input of the cut's
 constraints (the ZeRO-3 marking, random ops, checkpoint tags and torch's must-be-in-backward
 tag are flags and op classes), so the same saved set extracts the same values; only the bytes
-it was priced at differ. Dynamic graphs are costed alike on every rank and so offer the same
-cut. A prefetch byte budget, memory_budget and peak_target choose from this rank's sizes in
-more ways (simulated peaks, budgets, bucket searches) and are not agreed; they say so
-(size_reading_settings).
+it was priced at differ. Under memory_budget the cut that wins met the budget at its deciding
+rank's sizes, and the report gives that rank's budget figures (a byte budget judged at other
+sizes than this rank's: the price of one cut). A prefetch byte budget and peak_target choose
+from this rank's sizes in more ways (simulated peaks, bucket and keep-gathered searches) and
+are not agreed; they say so (size_reading_settings).
 """
 from __future__ import annotations
 
@@ -37,14 +39,14 @@ import functools
 import hashlib
 import json
 import logging
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from deepcompile_remat import _C
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_arrays import ExportedJointGraph
-from deepcompile_remat.partition.report import PartitionReport
+from deepcompile_remat.partition.report import BudgetSummary, PartitionReport
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "deepcompile_remat/cut/v1/"
@@ -81,34 +83,46 @@ def default_store():
         return None
 
 
-def _offer(store, key: str, saved: list, info: np.ndarray, rank: int) -> Optional[dict]:
-    """The cut stored under `key` ({"rank", "saved", "info"}) after offering this one, or None
+class Cut(NamedTuple):
+    """A cut as ranks offer it: the saved node ids, the node info, and budget mode's figures
+    (BudgetSummary: its deciding rank's, at that rank's sizes; None for the ordinary cut)."""
+    saved: list
+    info: np.ndarray
+    budget: Optional[BudgetSummary] = None
+
+
+def _offer(store, key: str, cut: Cut, rank: int) -> Optional[tuple[Cut, int]]:
+    """(the cut stored under `key` after offering this one, the rank that offered it), or None
     where the store cannot compare_set (torch's FakeStore: nothing is agreed, said once)."""
-    offer = json.dumps({"rank": rank, "saved": saved, "info": info.tolist()}).encode()
+    budget = None if cut.budget is None else dataclasses.asdict(cut.budget)
+    offer = json.dumps({"rank": rank, "saved": [int(i) for i in cut.saved],
+                        "info": np.asarray(cut.info, np.uint8).tolist(), "budget": budget})
     try:
-        return json.loads(bytes(store.compare_set(KEY_PREFIX + key, "", offer)).decode())
+        stored = json.loads(bytes(store.compare_set(KEY_PREFIX + key, "", offer.encode())))
     except RuntimeError as err:
         _warn_no_agreement(type(store).__name__, str(err))
         return None
+    budget = None if stored["budget"] is None else BudgetSummary(**stored["budget"])
+    return Cut(stored["saved"], np.asarray(stored["info"], np.uint8), budget), stored["rank"]
 
 
-def agree(store, key: str, saved_ids, node_info, rank: int):
-    """(saved_ids, node_info, rank that decided): this cut, offered under `key` in `store`, or
-    the one a rank offered first."""
-    saved = [int(i) for i in saved_ids]
-    info = np.asarray(node_info, dtype=np.uint8)
-    stored = _offer(store, key, saved, info, rank)
+def agree(store, key: str, cut: Cut, rank: int) -> tuple[Cut, int]:
+    """(the cut, the rank that decided it): this cut, offered under `key` in `store`, or the
+    one a rank offered first."""
+    cut = Cut([int(i) for i in cut.saved], np.asarray(cut.info, np.uint8), cut.budget)
+    stored = _offer(store, key, cut, rank)
     if stored is None:
-        return saved, info, rank
-    if stored["saved"] == saved:
-        return saved, info, stored["rank"]
-    if len(stored["info"]) != len(info):  # the key holds the node arrays: a collision or a bug
+        return cut, rank
+    (taken, by) = stored
+    if taken.saved == cut.saved:
+        return cut._replace(budget=taken.budget), by
+    if len(taken.info) != len(cut.info):  # the key holds the node arrays: a collision or a bug
         raise RuntimeError(f"deepcompile_remat: the cut stored under {key} is for a graph of "
-                           f"{len(stored['info'])} nodes, this one has {len(info)}")
+                           f"{len(taken.info)} nodes, this one has {len(cut.info)}")
     log.info("deepcompile_remat: rank %d takes the cut rank %d made for the same graph structure "
              "(%d saved values against its own %d): ranks must issue the same collectives",
-             rank, stored["rank"], len(stored["saved"]), len(saved))
-    return stored["saved"], np.asarray(stored["info"], dtype=np.uint8), stored["rank"]
+             rank, by, len(taken.saved), len(cut.saved))
+    return taken, by
 
 
 def served_cuts_agree(kept: Sequence[PartitionReport], *, spans_ranks: bool, store=None
@@ -134,29 +148,30 @@ def served_cuts_agree(kept: Sequence[PartitionReport], *, spans_ranks: bool, sto
 
     rank, agreed = dist.get_rank(), []
     for r in kept:
-        if r.agreed is None:  # not agreed (memory_budget, peak_target), or one rank
+        if r.agreed is None:  # not agreed (peak_target), or one rank
             agreed.append(r)
             continue
         key, saved, info = r.agreed
-        stored = _offer(store, key, list(saved), np.frombuffer(info, np.uint8), rank)
+        stored = _offer(store, key, Cut(list(saved), np.frombuffer(info, np.uint8), r.budget),
+                        rank)
         if stored is None:
             return tuple(kept)
-        if stored["saved"] != list(saved):
+        (taken, by) = stored
+        if taken.saved != list(saved):
             log.info("deepcompile_remat: rank %d was served a compile from torch's AOTAutograd "
                      "cache whose cut (made in an earlier job) is not the one rank %d made for "
                      "the same graph structure in this job: compiling it again without that "
-                     "cache, to take rank %d's cut", rank, stored["rank"], stored["rank"])
+                     "cache, to take rank %d's cut", rank, by, by)
             return None
-        agreed.append(dataclasses.replace(r, cut_by_rank=stored["rank"]))
+        agreed.append(dataclasses.replace(r, cut_by_rank=by, budget=taken.budget))
     return tuple(agreed)
 
 
 def size_reading_settings(config: RematConfig) -> list[str]:
     """The settings `config` sets whose choices for a graph read this rank's sizes and are not
-    agreed: a prefetch byte budget (csrc/schedule/regather_schedule.h, "Collective order"),
-    memory_budget and peak_target (budgets, simulated peaks, bucket searches)."""
+    agreed: a prefetch byte budget (csrc/schedule/regather_schedule.h, "Collective order") and
+    peak_target (simulated peaks, bucket and keep-gathered searches)."""
     return [name for name, on in (("prefetch_budget_bytes", config.prefetch_budget_bytes >= 0),
-                                  ("memory_budget", config.memory_budget is not None),
                                   ("peak_target", config.peak_target is not None)) if on]
 
 
@@ -178,17 +193,16 @@ def _warn_no_agreement(store: str, err: str) -> None:
                 "static at other sizes may cut differently (planning/agreement.py)", store, err)
 
 
-def agreed_cut(graph: ExportedJointGraph, saved_ids, node_info, *, context: str,
-               spans_ranks: bool, store=None
-               ) -> tuple[list, np.ndarray, Optional[int], Optional[str]]:
+def agreed_cut(graph: ExportedJointGraph, cut: Cut, *, context: str, spans_ranks: bool,
+               store=None) -> tuple[Cut, Optional[int], Optional[str]]:
     """The cut every rank runs for `graph` (module docstring), the rank that decided it and
     the structure key it was agreed under (both None where nothing was agreed: the graph's
     collectives span no other rank, or no store)."""
     if spans_ranks and store is None:
         store = default_store()
     if store is None or not spans_ranks:
-        return list(saved_ids), np.asarray(node_info, dtype=np.uint8), None, None
+        return cut, None, None
     import torch.distributed as dist
 
     key = structure_key(graph, context)
-    return (*agree(store, key, saved_ids, node_info, dist.get_rank()), key)
+    return (*agree(store, key, cut, dist.get_rank()), key)

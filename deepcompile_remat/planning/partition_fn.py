@@ -11,8 +11,8 @@ One call plans one joint graph, in this order:
    one collective per layer and direction (zero3/unit_buckets.py);
 4. decide by the config's mode: the ordinary cut or memory_budget (partition/cut.py::decide,
    the settings of 3.), or peak_target (peak_target.py: cuts and larger buckets searched
-   together); where the graph's collectives span ranks, the ordinary cut is the one the first
-   rank made for this graph structure (agreement.py);
+   together); where the graph's collectives span ranks, the ordinary cut and memory_budget's
+   are the one the first rank made for this graph structure (agreement.py);
 5. extract the chosen cut and run the runtime's passes with the chosen settings, then, with
    offload_activations, move saved activations to the host (partition/offload.py; inside
    every plan peak-target mode builds, so its simulated peaks count accelerator bytes only);
@@ -108,12 +108,11 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
     if runtime.topology.spans_ranks():
         for setting in agreement.size_reading_settings(config):
             agreement.warn_reads_sizes(setting)
-    if config.peak_target is None:
-        saved_ids, node_info, budget_summary = cut.decide(graph, config)
-        if config.memory_budget is None:  # the ordinary cut: one per structure on all ranks
-            saved_ids, node_info, cut_by_rank, agreed_under = agreement.agreed_cut(
-                graph, saved_ids, node_info, context=f"{config!r};{runtime.topology.shape()}",
-                spans_ranks=runtime.topology.spans_ranks())
+    if config.peak_target is None:  # the ordinary cut or memory_budget's: one per structure
+        (saved_ids, node_info, budget_summary), cut_by_rank, agreed_under = agreement.agreed_cut(
+            graph, agreement.Cut(*cut.decide(graph, config)),
+            context=f"{config!r};{runtime.topology.shape()}",
+            spans_ranks=runtime.topology.spans_ranks())
         t2 = time.perf_counter()
         built = build(saved_ids, settings)
     else:

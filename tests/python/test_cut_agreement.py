@@ -36,25 +36,29 @@ def test_the_key_is_the_structure_without_activation_bytes():
 
 
 def test_the_first_cut_offered_is_the_one_every_rank_takes(caplog):
+    from deepcompile_remat.partition.report import BudgetSummary
+
+    Cut = agreement.Cut
     store = dist.HashStore()
-    first = agreement.agree(store, "k", [3, 1], np.array([1, 2, 0, 4], np.uint8), rank=1)
-    assert first[0] == [3, 1] and first[2] == 1
-    saved, info, by = agreement.agree(store, "k", [2], np.array([0, 0, 1, 1], np.uint8), rank=0)
-    assert (saved, info.tolist(), by) == ([3, 1], [1, 2, 0, 4], 1)
+    budget = BudgetSummary(*range(6))  # memory_budget's figures travel with the cut
+    first, by = agreement.agree(store, "k", Cut([3, 1], np.array([1, 2, 0, 4]), budget), rank=1)
+    assert first.saved == [3, 1] and by == 1
+    taken, by = agreement.agree(store, "k", Cut([2], np.array([0, 0, 1, 1])), rank=0)
+    assert (taken.saved, taken.info.tolist(), taken.budget, by) == ([3, 1], [1, 2, 0, 4],
+                                                                    budget, 1)
     with pytest.raises(RuntimeError, match="graph of 4 nodes, this one has 2"):
-        agreement.agree(store, "k", [0], np.zeros(2, np.uint8), rank=0)
+        agreement.agree(store, "k", Cut([0], np.zeros(2)), rank=0)
     # A store without compare_set (torch's FakeStore): this rank's own cut, said once
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     agreement._warn_no_agreement.cache_clear()
     with caplog.at_level("WARNING", logger=agreement.__name__):
         for _ in range(2):
-            assert agreement.agree(FakeStore(), "k", [2], np.zeros(3, np.uint8), rank=0)[:1] \
-                == ([2],)
+            assert agreement.agree(FakeStore(), "k", Cut([2], np.zeros(3)), 0)[0].saved == [2]
     assert [r.getMessage().count("cannot compare_set") for r in caplog.records] == [1]
     # No store (one process): this rank's own cut, and no rank named
-    assert agreement.agreed_cut(_exported(2), [0], np.zeros(3, np.uint8), context="c",
-                                spans_ranks=True, store=None)[2] is None
+    assert agreement.agreed_cut(_exported(2), Cut([0], np.zeros(3)), context="c",
+                                spans_ranks=True, store=None)[1] is None
 
 
 class _Net(nn.Module):
@@ -68,10 +72,10 @@ class _Net(nn.Module):
         return self.down(self.norm(torch.nn.functional.gelu(self.up(x)) * 1.5)).square().mean()
 
 
-def _ranks_cutting_differently(rank, world):
-    """Rank 1 cuts with the aggressive policy (its own cut differs from rank 0's, as a cut
-    that sizes flip would), at a batch of its own size; the ranks still run one cut, and
-    train like one process."""
+def _ranks_cutting_differently(rank, world, memory_budget):
+    """Rank 1 cuts with the aggressive policy, or under memory_budget with another budget
+    (its own cut differs from rank 0's, as a cut that sizes flip would), at a batch of its
+    own size; the ranks still run one cut, and train like one process."""
     import copy
 
     from deepcompile_remat.partition import cut
@@ -81,8 +85,11 @@ def _ranks_cutting_differently(rank, world):
     decide = cut.decide
 
     def decide_as_this_rank(graph, config):
-        policy = "aggressive" if rank == 1 else config.policy
-        result = decide(graph, dataclasses.replace(config, policy=policy))
+        if memory_budget is None:
+            changed = {"policy": "aggressive" if rank == 1 else config.policy}
+        else:
+            changed = {"memory_budget": 0.0 if rank == 1 else config.memory_budget}
+        result = decide(graph, dataclasses.replace(config, **changed))
         own.append(sorted(int(i) for i in result[0]))
         return result
 
@@ -92,7 +99,8 @@ def _ranks_cutting_differently(rank, world):
         model = _Net()
         reference = copy.deepcopy(model)
         shard(model)
-        compiled = torch.compile(model, backend=dcr.backend("eager"))
+        config = dcr.RematConfig(memory_budget=memory_budget)
+        compiled = torch.compile(model, backend=dcr.backend("eager", config))
         batches = [torch.randn(3 + 40 * r, 16) for r in range(world)]  # 3 and 43 rows
         losses, ref_losses = [], []
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -117,16 +125,18 @@ def _ranks_cutting_differently(rank, world):
     assert_trains_like_one_process(model, reference, losses, ref_losses, False, world)
 
 
-def test_ranks_whose_own_cuts_differ_run_one_cut():
-    run_ranks(_ranks_cutting_differently, 2)
+@pytest.mark.parametrize("memory_budget", [None, 1.0], ids=["ordinary", "memory_budget"])
+def test_ranks_whose_own_cuts_differ_run_one_cut(memory_budget):
+    run_ranks(_ranks_cutting_differently, 2, memory_budget)
 
 
-@pytest.mark.parametrize("mode", ["prefetch_budget_bytes", "memory_budget", "peak_target", None])
+@pytest.mark.parametrize("mode", ["prefetch_budget_bytes", "peak_target", "memory_budget", None])
 def test_settings_that_are_not_agreed_say_so_once(caplog, mode):
     """A prefetch byte budget (the distance orders the gathers among the backward's
-    reduce-scatters), memory_budget and peak_target read this rank's sizes in more ways than
-    the cut (simulated peaks, budgets in bytes, bucket searches) and are not agreed: where a
-    graph's collectives span ranks, each says so once a process; the defaults say nothing."""
+    reduce-scatters) and peak_target read this rank's sizes in more ways than the cut
+    (simulated peaks, bucket and keep-gathered searches) and are not agreed: where a graph's
+    collectives span ranks, each says so once a process. The defaults and memory_budget
+    (agreed: test_ranks_whose_own_cuts_differ_run_one_cut) say nothing."""
     from functorch.compile import aot_function
 
     from deepcompile_remat.zero3.topology import GroupRef, ShardGroup, Topology
@@ -140,7 +150,7 @@ def test_settings_that_are_not_agreed_say_so_once(caplog, mode):
                               partition_fn=dcr.make_partition_fn(config, topology=two_ranks))
             fn(torch.randn(rows, 8), torch.randn(8, 8, requires_grad=True)).backward()
     said = [r.getMessage() for r in caplog.records if "ranks do not agree" in r.getMessage()]
-    if mode is None:
+    if mode in (None, "memory_budget"):
         assert not said
     else:
         assert len(said) == 1 and mode in said[0], said
