@@ -65,8 +65,9 @@ class PartitionReport:
     # agreement.py): this rank's own, or the first that cut it. None: not agreed (one rank,
     # memory_budget, peak_target).
     cut_by_rank: int | None = None
-    # Where ranks agreed: (structure key, saved node ids, node info bytes), the cut as offered
-    # to them, kept with the report so that a compile served from the cache offers it again.
+    # Where ranks agreed: (structure key, saved node ids, node info bytes, peak_target's bucket
+    # sizes or None), the choice as offered to them, kept with the report so that a compile
+    # served from the cache offers it again.
     agreed: tuple | None = field(repr=False, default=None)
 
     @property

@@ -7,8 +7,8 @@ flip whether the backward re-gathers the parameter the op reads (a bias read onl
 recomputed add). The ranks would then issue different collectives and wait on each other
 (DESIGN.md, "Ranks at their own sizes").
 
-How: every rank that makes the ordinary cut of a joint graph, or memory_budget's, offers it
-under a key of the graph's structure
+How: every rank that makes the ordinary cut of a joint graph, memory_budget's, or
+peak_target's plan (a cut and bucket sizes), offers it under a key of the graph's structure
 (everything the cut reads but the activation bytes: op classes, flags, checkpoint tags, edges,
 outputs, the parameters' bytes) with the config and the process-group layout by group sizes
 (Topology.shape: every rank's own secondary or replicate group is another), through the
@@ -28,9 +28,11 @@ constraints (the ZeRO-3 marking, random ops, checkpoint tags and torch's must-be
 tag are flags and op classes), so the same saved set extracts the same values; only the bytes
 it was priced at differ. Under memory_budget the cut that wins met the budget at its deciding
 rank's sizes, and the report gives that rank's budget figures (a byte budget judged at other
-sizes than this rank's: the price of one cut). A prefetch byte budget and peak_target choose
-from this rank's sizes in more ways (simulated peaks, bucket and keep-gathered searches) and
-are not agreed; they say so (size_reading_settings).
+sizes than this rank's: the price of one cut). Under peak_target the plan that wins is built
+and simulated here too (peak_target.taken_plan): the report gives this rank's peak against
+its own target, and a warning says where it does not fit. A prefetch byte budget chooses a
+distance per graph from this rank's sizes inside the runtime's schedule and is not agreed; it
+says so (size_reading_settings).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from deepcompile_remat import _C
 from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_arrays import ExportedJointGraph
 from deepcompile_remat.partition.report import BudgetSummary, PartitionReport
+from deepcompile_remat.planning.peak_target import PlanSummary
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "deepcompile_remat/cut/v1/"
@@ -84,44 +87,66 @@ def default_store():
 
 
 class Cut(NamedTuple):
-    """A cut as ranks offer it: the saved node ids, the node info, and budget mode's figures
-    (BudgetSummary: its deciding rank's, at that rank's sizes; None for the ordinary cut)."""
+    """A cut as ranks offer it: the saved node ids and the node info; memory_budget's figures
+    (BudgetSummary) or peak_target's plan (its PlanSummary, and the gather and gradient bucket
+    sizes it was built with), both its deciding rank's, at that rank's sizes."""
     saved: list
     info: np.ndarray
     budget: Optional[BudgetSummary] = None
+    plan: Optional[PlanSummary] = None
+    buckets: Optional[tuple[float, float]] = None
+
+    def same_choice(self, other: "Cut") -> bool:
+        """Whether `other` saves the same values and runs with the same bucket sizes."""
+        return [int(i) for i in self.saved] == [int(i) for i in other.saved] and \
+            self.buckets == other.buckets
+
+
+def _encode(cut: Cut, rank: int) -> bytes:
+    return json.dumps({
+        "rank": rank, "saved": [int(i) for i in cut.saved],
+        "info": np.asarray(cut.info, np.uint8).tolist(),
+        "budget": None if cut.budget is None else dataclasses.asdict(cut.budget),
+        "plan": None if cut.plan is None else dataclasses.asdict(cut.plan),
+        "buckets": cut.buckets,
+    }).encode()
+
+
+def _decode(raw: bytes) -> tuple[Cut, int]:
+    d = json.loads(raw)
+    return Cut(d["saved"], np.asarray(d["info"], np.uint8),
+               None if d["budget"] is None else BudgetSummary(**d["budget"]),
+               None if d["plan"] is None else PlanSummary(**d["plan"]),
+               None if d["buckets"] is None else tuple(d["buckets"])), d["rank"]
 
 
 def _offer(store, key: str, cut: Cut, rank: int) -> Optional[tuple[Cut, int]]:
     """(the cut stored under `key` after offering this one, the rank that offered it), or None
     where the store cannot compare_set (torch's FakeStore: nothing is agreed, said once)."""
-    budget = None if cut.budget is None else dataclasses.asdict(cut.budget)
-    offer = json.dumps({"rank": rank, "saved": [int(i) for i in cut.saved],
-                        "info": np.asarray(cut.info, np.uint8).tolist(), "budget": budget})
     try:
-        stored = json.loads(bytes(store.compare_set(KEY_PREFIX + key, "", offer.encode())))
+        return _decode(bytes(store.compare_set(KEY_PREFIX + key, "", _encode(cut, rank))))
     except RuntimeError as err:
         _warn_no_agreement(type(store).__name__, str(err))
         return None
-    budget = None if stored["budget"] is None else BudgetSummary(**stored["budget"])
-    return Cut(stored["saved"], np.asarray(stored["info"], np.uint8), budget), stored["rank"]
 
 
 def agree(store, key: str, cut: Cut, rank: int) -> tuple[Cut, int]:
     """(the cut, the rank that decided it): this cut, offered under `key` in `store`, or the
     one a rank offered first."""
-    cut = Cut([int(i) for i in cut.saved], np.asarray(cut.info, np.uint8), cut.budget)
+    cut = cut._replace(saved=[int(i) for i in cut.saved], info=np.asarray(cut.info, np.uint8))
     stored = _offer(store, key, cut, rank)
     if stored is None:
         return cut, rank
     (taken, by) = stored
-    if taken.saved == cut.saved:
-        return cut._replace(budget=taken.budget), by
+    if taken.same_choice(cut):
+        return cut, by  # with this rank's own figures, at its own sizes
     if len(taken.info) != len(cut.info):  # the key holds the node arrays: a collision or a bug
         raise RuntimeError(f"deepcompile_remat: the cut stored under {key} is for a graph of "
                            f"{len(taken.info)} nodes, this one has {len(cut.info)}")
     log.info("deepcompile_remat: rank %d takes the cut rank %d made for the same graph structure "
-             "(%d saved values against its own %d): ranks must issue the same collectives",
-             rank, by, len(taken.saved), len(cut.saved))
+             "(%d saved values against its own %d; buckets %s against %s): ranks must issue "
+             "the same collectives", rank, by, len(taken.saved), len(cut.saved),
+             taken.buckets, cut.buckets)
     return taken, by
 
 
@@ -148,31 +173,30 @@ def served_cuts_agree(kept: Sequence[PartitionReport], *, spans_ranks: bool, sto
 
     rank, agreed = dist.get_rank(), []
     for r in kept:
-        if r.agreed is None:  # not agreed (peak_target), or one rank
+        if r.agreed is None:  # one rank
             agreed.append(r)
             continue
-        key, saved, info = r.agreed
-        stored = _offer(store, key, Cut(list(saved), np.frombuffer(info, np.uint8), r.budget),
-                        rank)
+        key, saved, info, buckets = r.agreed
+        served = Cut(list(saved), np.frombuffer(info, np.uint8), r.budget, r.plan, buckets)
+        stored = _offer(store, key, served, rank)
         if stored is None:
             return tuple(kept)
         (taken, by) = stored
-        if taken.saved != list(saved):
+        if not taken.same_choice(served):
             log.info("deepcompile_remat: rank %d was served a compile from torch's AOTAutograd "
                      "cache whose cut (made in an earlier job) is not the one rank %d made for "
                      "the same graph structure in this job: compiling it again without that "
                      "cache, to take rank %d's cut", rank, by, by)
             return None
-        agreed.append(dataclasses.replace(r, cut_by_rank=by, budget=taken.budget))
+        agreed.append(dataclasses.replace(r, cut_by_rank=by))
     return tuple(agreed)
 
 
 def size_reading_settings(config: RematConfig) -> list[str]:
     """The settings `config` sets whose choices for a graph read this rank's sizes and are not
-    agreed: a prefetch byte budget (csrc/schedule/regather_schedule.h, "Collective order") and
-    peak_target (simulated peaks, bucket and keep-gathered searches)."""
-    return [name for name, on in (("prefetch_budget_bytes", config.prefetch_budget_bytes >= 0),
-                                  ("peak_target", config.peak_target is not None)) if on]
+    agreed: a prefetch byte budget (the distance it allows orders the gathers among the
+    backward's reduce-scatters: csrc/schedule/regather_schedule.h, "Collective order")."""
+    return ["prefetch_budget_bytes"] if config.prefetch_budget_bytes >= 0 else []
 
 
 @functools.cache

@@ -103,16 +103,16 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
         moved = offloads(extracted) if offloads is not None else None
         return extracted.fw, extracted.bw, extracted, figures, moved
 
-    plan_summary = budget_summary = None
-    cut_by_rank = agreed_under = None
-    if runtime.topology.spans_ranks():
+    plan_summary = budget_summary = buckets = None
+    spans_ranks = runtime.topology.spans_ranks()
+    if spans_ranks:
         for setting in agreement.size_reading_settings(config):
             agreement.warn_reads_sizes(setting)
+    context = f"{config!r};{runtime.topology.shape()}"  # what the agreement key adds
     if config.peak_target is None:  # the ordinary cut or memory_budget's: one per structure
-        (saved_ids, node_info, budget_summary), cut_by_rank, agreed_under = agreement.agreed_cut(
-            graph, agreement.Cut(*cut.decide(graph, config)),
-            context=f"{config!r};{runtime.topology.shape()}",
-            spans_ranks=runtime.topology.spans_ranks())
+        (saved_ids, node_info, budget_summary, _, _), cut_by_rank, agreed_under = \
+            agreement.agreed_cut(graph, agreement.Cut(*cut.decide(graph, config)),
+                                 context=context, spans_ranks=spans_ranks)
         t2 = time.perf_counter()
         built = build(saved_ids, settings)
     else:
@@ -126,8 +126,16 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
                 parameter_names=parameter_names, fuses_pointwise=fuses_pointwise)
         except cut.PartitionConflictError as err:
             raise cut.PartitionConflictError(cut.conflict_message(err, graph)) from err
-        saved_ids, node_info = chosen.candidate.saved_ids, chosen.candidate.node_info
-        built = chosen.built
+        own = agreement.Cut(chosen.candidate.saved_ids, chosen.candidate.node_info,
+                            plan=plan_summary, buckets=(chosen.settings.bucket_bytes,
+                                                        chosen.settings.grad_bucket_bytes))
+        taken, cut_by_rank, agreed_under = agreement.agreed_cut(
+            graph, own, context=context, spans_ranks=spans_ranks)
+        saved_ids, node_info, buckets, built = taken.saved, taken.info, taken.buckets, chosen.built
+        if not taken.same_choice(own):  # another rank's plan: built and simulated here
+            built = build(saved_ids, settings.with_bucket_bytes(*taken.buckets))
+            plan_summary = peak_target.taken_plan(taken.plan, plan_summary, built,
+                                                  parameter_names, fuses_pointwise)
         peak_target.log_plan(plan_summary)
     fw, bw, extracted, figures, moved = built
     t3 = time.perf_counter()
@@ -140,7 +148,8 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
                                                               else ""),
                        budget_summary=budget_summary, plan=plan_summary, offload=moved)
     agreed = None if agreed_under is None else (
-        agreed_under, tuple(int(i) for i in saved_ids), np.asarray(node_info, np.uint8).tobytes())
+        agreed_under, tuple(int(i) for i in saved_ids), np.asarray(node_info, np.uint8).tobytes(),
+        buckets)
     report.record(dataclasses.replace(rep, cut_by_rank=cut_by_rank, agreed=agreed),
                   config.keep_reports)
     return fw, bw

@@ -37,6 +37,7 @@ saved values of earlier graphs in the step are not counted against a later one.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -162,6 +163,27 @@ def _infeasible(peak_target, target, bound, smallest, base, graph, evaluated, to
             f"deepcompile_remat: {why}. Set peak_target to at least {needed:,.0f} bytes "
             f"(that peak with the margin), or shard or checkpoint more.", needed)
     log.warning("deepcompile_remat: %s; using that plan.", why)
+
+
+def taken_plan(taken: PlanSummary, own: PlanSummary, built: tuple, parameter_names: set[str],
+               fuses_pointwise: bool = True) -> PlanSummary:
+    """Another rank's plan for this graph structure (planning/agreement.py), built here: its
+    choice, with this rank's target, bound and simulated peaks, met where the peak here fits
+    the bound; a warning where it does not (that rank planned at its own sizes)."""
+    peak, fw_peak, bw_peak, resident = step_peak(built[0], built[1], parameter_names,
+                                                 fuses_pointwise)
+    met = peak <= own.planned_bytes
+    if not met:
+        log.warning("deepcompile_remat: this rank runs the plan another rank made for the same "
+                    "graph structure at its own sizes (ranks must issue the same collectives); "
+                    "here it simulates a peak of %.0f bytes, over the %.0f that peak_target "
+                    "allows with the margin. Pad every rank to one length or compile with "
+                    "dynamic=True.", peak, own.planned_bytes)
+    return dataclasses.replace(
+        taken, target_bytes=own.target_bytes, planned_bytes=own.planned_bytes,
+        predicted_peak_bytes=peak, forward_peak_bytes=fw_peak, backward_peak_bytes=bw_peak,
+        inputs_bytes=resident, default_peak_bytes=own.default_peak_bytes,
+        min_peak_bytes=own.min_peak_bytes, met=met)
 
 
 def log_plan(summary: PlanSummary) -> None:

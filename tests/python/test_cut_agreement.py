@@ -72,20 +72,22 @@ class _Net(nn.Module):
         return self.down(self.norm(torch.nn.functional.gelu(self.up(x)) * 1.5)).square().mean()
 
 
-def _ranks_cutting_differently(rank, world, memory_budget):
-    """Rank 1 cuts with the aggressive policy, or under memory_budget with another budget
-    (its own cut differs from rank 0's, as a cut that sizes flip would), at a batch of its
-    own size; the ranks still run one cut, and train like one process."""
+def _ranks_cutting_differently(rank, world, mode):
+    """Rank 1 cuts with the aggressive policy, or under memory_budget or peak_target with
+    another budget or target (its own choice differs from rank 0's, as one that sizes flip
+    would), at a batch of its own size; the ranks still run one choice, and train like one
+    process."""
     import copy
 
     from deepcompile_remat.partition import cut
+    from deepcompile_remat.planning import peak_target
     from deepcompile_remat.zero3 import shard
 
     own = []
-    decide = cut.decide
+    decide, plan = cut.decide, peak_target.plan
 
     def decide_as_this_rank(graph, config):
-        if memory_budget is None:
+        if mode == "ordinary":
             changed = {"policy": "aggressive" if rank == 1 else config.policy}
         else:
             changed = {"memory_budget": 0.0 if rank == 1 else config.memory_budget}
@@ -93,13 +95,19 @@ def _ranks_cutting_differently(rank, world, memory_budget):
         own.append(sorted(int(i) for i in result[0]))
         return result
 
-    cut.decide = decide_as_this_rank
+    def plan_as_this_rank(graph, *, peak_target, **kwargs):
+        chosen, summary = plan(graph, peak_target=0.5 if rank == 1 else peak_target, **kwargs)
+        own.append((sorted(chosen.candidate.saved_ids), summary.bucket_bytes))
+        return chosen, summary
+
+    cut.decide, peak_target.plan = decide_as_this_rank, plan_as_this_rank
     try:
         torch.manual_seed(0)
         model = _Net()
         reference = copy.deepcopy(model)
         shard(model)
-        config = dcr.RematConfig(memory_budget=memory_budget)
+        config = dcr.RematConfig(**{"ordinary": {}, "memory_budget": {"memory_budget": 1.0},
+                                    "peak_target": {"peak_target": 1.0}}[mode])
         compiled = torch.compile(model, backend=dcr.backend("eager", config))
         batches = [torch.randn(3 + 40 * r, 16) for r in range(world)]  # 3 and 43 rows
         losses, ref_losses = [], []
@@ -117,7 +125,7 @@ def _ranks_cutting_differently(rank, world, memory_budget):
             ref_opt.zero_grad()
             ref_losses.append(ref_loss.detach())
     finally:
-        cut.decide = decide
+        cut.decide, peak_target.plan = decide, plan
     every_own = [None] * world
     dist.all_gather_object(every_own, own)
     assert every_own[0] != every_own[1], "the test needs ranks whose own cuts differ"
@@ -125,17 +133,16 @@ def _ranks_cutting_differently(rank, world, memory_budget):
     assert_trains_like_one_process(model, reference, losses, ref_losses, False, world)
 
 
-@pytest.mark.parametrize("memory_budget", [None, 1.0], ids=["ordinary", "memory_budget"])
-def test_ranks_whose_own_cuts_differ_run_one_cut(memory_budget):
-    run_ranks(_ranks_cutting_differently, 2, memory_budget)
+@pytest.mark.parametrize("mode", ["ordinary", "memory_budget", "peak_target"])
+def test_ranks_whose_own_cuts_differ_run_one_cut(mode):
+    run_ranks(_ranks_cutting_differently, 2, mode)
 
 
 @pytest.mark.parametrize("mode", ["prefetch_budget_bytes", "peak_target", "memory_budget", None])
 def test_settings_that_are_not_agreed_say_so_once(caplog, mode):
     """A prefetch byte budget (the distance orders the gathers among the backward's
-    reduce-scatters) and peak_target read this rank's sizes in more ways than the cut
-    (simulated peaks, bucket and keep-gathered searches) and are not agreed: where a graph's
-    collectives span ranks, each says so once a process. The defaults and memory_budget
+    reduce-scatters) reads this rank's sizes and is not agreed: where a graph's collectives
+    span ranks, it says so once a process. The defaults, memory_budget and peak_target
     (agreed: test_ranks_whose_own_cuts_differ_run_one_cut) say nothing."""
     from functorch.compile import aot_function
 
@@ -150,7 +157,7 @@ def test_settings_that_are_not_agreed_say_so_once(caplog, mode):
                               partition_fn=dcr.make_partition_fn(config, topology=two_ranks))
             fn(torch.randn(rows, 8), torch.randn(8, 8, requires_grad=True)).backward()
     said = [r.getMessage() for r in caplog.records if "ranks do not agree" in r.getMessage()]
-    if mode in (None, "memory_budget"):
+    if mode != "prefetch_budget_bytes":
         assert not said
     else:
         assert len(said) == 1 and mode in said[0], said
