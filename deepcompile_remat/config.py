@@ -63,9 +63,9 @@ class RematConfig:
     """How many compute steps ahead a gather may be issued."""
     prefetch_budget_bytes: float = -1.0
     """Simulated peak a prefetch may reach; < 0: no budget, every gather max_prefetch steps
-    ahead. A budget reads this rank's sizes: ranks compiled at other sizes (per-rank
-    padding, before shapes turn dynamic) may choose other distances, whose collectives meet
-    out of order."""
+    ahead. A budget reads this rank's sizes: where ranks compile a graph at other sizes
+    (per-rank padding, before shapes turn dynamic), they run the distances the first of them
+    chose (the collectives must meet in order)."""
     bucket_bytes: Union[Auto, int] = field(default="auto", metadata={"min": 0})
     """"auto": one gather and one reduce-scatter per layer, as FSDP2's per-layer units give:
     read from each compiled graph, the gather buckets hold the largest layer's gathered bytes

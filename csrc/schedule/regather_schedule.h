@@ -22,8 +22,10 @@
 //   - d itself decides where the gathers fall among the graph's other collectives (a
 //     backward's reduce-scatters, which are anchors), so d must not depend on sizes either.
 //     Without a budget it does not. A budget compares simulated bytes, which are this rank's
-//     sizes: ranks compiled at other sizes may then choose other distances, and their
-//     collectives may meet out of order (RematConfig.prefetch_budget_bytes says so).
+//     sizes: ranks compiled at other sizes may then choose other distances, whose
+//     collectives would meet out of order, so the planning layer has the ranks agree on one
+//     rank's distances and schedules again with them as max_prefetch and no budget
+//     (planning/agreement.py).
 //
 // Bucketing (bucket_of), the one place that decides which gathers share a collective, for the
 // runtime to issue each bucket as one grouped gather where its first member stands. Only

@@ -66,8 +66,9 @@ class PartitionReport:
     # memory_budget, peak_target).
     cut_by_rank: int | None = None
     # Where ranks agreed: (structure key, saved node ids, node info bytes, peak_target's bucket
-    # sizes or None), the choice as offered to them, kept with the report so that a compile
-    # served from the cache offers it again.
+    # sizes or None, a prefetch budget's (forward, backward) distances or None), the choices as
+    # offered to them, kept with the report so that a compile served from the cache offers
+    # them again.
     agreed: tuple | None = field(repr=False, default=None)
 
     @property

@@ -30,9 +30,10 @@ it was priced at differ. Under memory_budget the cut that wins met the budget at
 rank's sizes, and the report gives that rank's budget figures (a byte budget judged at other
 sizes than this rank's: the price of one cut). Under peak_target the plan that wins is built
 and simulated here too (peak_target.taken_plan): the report gives this rank's peak against
-its own target, and a warning says where it does not fit. A prefetch byte budget chooses a
-distance per graph from this rank's sizes inside the runtime's schedule and is not agreed; it
-says so (size_reading_settings).
+its own target, and a warning says where it does not fit. With a prefetch byte budget the
+runtime's schedule chooses a distance per graph from this rank's sizes; the ranks agree on
+those of the first rank too (agreed_distances), under the cut's key, and a rank whose own
+differ builds its graphs again with them (ScheduleOptions.prefetch_distances).
 """
 from __future__ import annotations
 
@@ -176,38 +177,45 @@ def served_cuts_agree(kept: Sequence[PartitionReport], *, spans_ranks: bool, sto
         if r.agreed is None:  # one rank
             agreed.append(r)
             continue
-        key, saved, info, buckets = r.agreed
+        key, saved, info, buckets, distances = r.agreed
         served = Cut(list(saved), np.frombuffer(info, np.uint8), r.budget, r.plan, buckets)
         stored = _offer(store, key, served, rank)
         if stored is None:
             return tuple(kept)
         (taken, by) = stored
-        if not taken.same_choice(served):
+        if not taken.same_choice(served) or (
+                distances is not None and agreed_distances(key, distances, store) != distances):
             log.info("deepcompile_remat: rank %d was served a compile from torch's AOTAutograd "
-                     "cache whose cut (made in an earlier job) is not the one rank %d made for "
-                     "the same graph structure in this job: compiling it again without that "
-                     "cache, to take rank %d's cut", rank, by, by)
+                     "cache whose cut or prefetch distances (chosen in an earlier job) are not "
+                     "the ones this job's ranks agreed on for the same graph structure: "
+                     "compiling it again without that cache, to take the job's", rank)
             return None
         agreed.append(dataclasses.replace(r, cut_by_rank=by))
     return tuple(agreed)
 
 
-def size_reading_settings(config: RematConfig) -> list[str]:
-    """The settings `config` sets whose choices for a graph read this rank's sizes and are not
-    agreed: a prefetch byte budget (the distance it allows orders the gathers among the
-    backward's reduce-scatters: csrc/schedule/regather_schedule.h, "Collective order")."""
-    return ["prefetch_budget_bytes"] if config.prefetch_budget_bytes >= 0 else []
+def agreed_distances(key: str, distances: tuple[int, ...], store=None) -> tuple[int, ...]:
+    """The prefetch distances (forward, backward) every rank runs with the cut agreed under
+    `key`: this rank's, offered, or the first rank's. Only a prefetch_budget_bytes reads
+    sizes to choose them (csrc/schedule/regather_schedule.h, "Collective order"): the
+    distance orders the gathers among the backward's reduce-scatters."""
+    store = default_store() if store is None else store
+    if store is None:
+        return tuple(distances)
+    import torch.distributed as dist
 
-
-@functools.cache
-def warn_reads_sizes(setting: str) -> None:
-    """Once a process per setting of size_reading_settings."""
-    log.warning(
-        "deepcompile_remat: %s is set, and what it chooses for each graph reads this rank's "
-        "sizes; ranks do not agree on it. Ranks that compile graphs of other sizes (batches "
-        "padded per rank, before the lengths are marked dynamic) may choose other collectives "
-        "and wait in mismatched collectives. Pad every rank to one length, compile with "
-        "dynamic=True, or leave %s at its default.", setting, setting)
+    offer = json.dumps({"rank": dist.get_rank(), "distances": [int(d) for d in distances]})
+    try:
+        stored = json.loads(bytes(store.compare_set(f"{KEY_PREFIX}{key}/prefetch", "",
+                                                    offer.encode())))
+    except RuntimeError as err:
+        _warn_no_agreement(type(store).__name__, str(err))
+        return tuple(distances)
+    if tuple(stored["distances"]) != tuple(distances):
+        log.info("deepcompile_remat: rank %d takes the prefetch distances %s rank %d chose for "
+                 "the same graphs (its own: %s)", dist.get_rank(), stored["distances"],
+                 stored["rank"], list(distances))
+    return tuple(stored["distances"])
 
 
 @functools.cache

@@ -103,11 +103,8 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
         moved = offloads(extracted) if offloads is not None else None
         return extracted.fw, extracted.bw, extracted, figures, moved
 
-    plan_summary = budget_summary = buckets = None
+    plan_summary = budget_summary = buckets = distances = None
     spans_ranks = runtime.topology.spans_ranks()
-    if spans_ranks:
-        for setting in agreement.size_reading_settings(config):
-            agreement.warn_reads_sizes(setting)
     context = f"{config!r};{runtime.topology.shape()}"  # what the agreement key adds
     if config.peak_target is None:  # the ordinary cut or memory_budget's: one per structure
         (saved_ids, node_info, budget_summary, _, _), cut_by_rank, agreed_under = \
@@ -115,6 +112,7 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
                                  context=context, spans_ranks=spans_ranks)
         t2 = time.perf_counter()
         built = build(saved_ids, settings)
+        used = settings
     else:
         t2 = time.perf_counter()
         try:
@@ -132,11 +130,18 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
         taken, cut_by_rank, agreed_under = agreement.agreed_cut(
             graph, own, context=context, spans_ranks=spans_ranks)
         saved_ids, node_info, buckets, built = taken.saved, taken.info, taken.buckets, chosen.built
+        used = settings.with_bucket_bytes(*buckets)
         if not taken.same_choice(own):  # another rank's plan: built and simulated here
-            built = build(saved_ids, settings.with_bucket_bytes(*taken.buckets))
+            built = build(saved_ids, used)
             plan_summary = peak_target.taken_plan(taken.plan, plan_summary, built,
                                                   parameter_names, fuses_pointwise)
         peak_target.log_plan(plan_summary)
+    if agreed_under is not None and config.prefetch_budget_bytes >= 0 and built[3]:
+        # the budget's distances read this rank's sizes: the first rank's run (agreement.py)
+        own_distances = tuple(f.prefetch_distance for f in built[3])
+        distances = agreement.agreed_distances(agreed_under, own_distances)
+        if distances != own_distances:
+            built = build(saved_ids, dataclasses.replace(used, prefetch_distances=distances))
     fw, bw, extracted, figures, moved = built
     t3 = time.perf_counter()
     rep = cut.describe(graph, config, extracted, saved_ids, node_info,
@@ -149,7 +154,7 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
                        budget_summary=budget_summary, plan=plan_summary, offload=moved)
     agreed = None if agreed_under is None else (
         agreed_under, tuple(int(i) for i in saved_ids), np.asarray(node_info, np.uint8).tobytes(),
-        buckets)
+        buckets, distances)
     report.record(dataclasses.replace(rep, cut_by_rank=cut_by_rank, agreed=agreed),
                   config.keep_reports)
     return fw, bw

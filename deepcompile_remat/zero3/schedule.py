@@ -2,7 +2,8 @@
 
 Gathers and the views/casts that only reshape them are moved to just before their first use,
 then prefetched max_prefetch steps (or as far as a given byte budget allows, which reads this
-rank's sizes); the C++ schedule also decides which gathers share one bucketed collective
+rank's sizes: the planning layer then agrees the distances across ranks and passes them back
+as prefetch_distances); the C++ schedule also decides which gathers share one bucketed collective
 (dcr::allgather_cast_bucket): small gathers that land at one point, and small gathers left
 alone packed in order within bucket_bytes. This module only
 exports the graph (fx_arrays) and applies the result. Every rank computes the same order from
@@ -38,6 +39,9 @@ class ScheduleOptions:
     async_gathers: AsyncGathers  # RematConfig.async_gathers
     async_reduce_scatters: AsyncGathers = "off"  # RematConfig.async_reduce_scatters
     grad_bucket_bytes: Optional[float] = None  # RematConfig.bucket_bytes, for reduce-scatters
+    # (forward, backward) prefetch distances the ranks agreed on (planning/agreement.py): set,
+    # they replace max_prefetch and the budget
+    prefetch_distances: Optional[tuple[int, int]] = None
 
     @classmethod
     def from_config(cls, config: RematConfig) -> "ScheduleOptions":
@@ -126,10 +130,12 @@ def schedule_gathers(gm: fx.GraphModule, options: ScheduleOptions, *, graph: str
     gather_key = np.full(len(nodes), -1, dtype=np.int64)
     gather_key[gather_ids] = compatibility_keys([_gather_key(nodes[i]) for i in gather_ids])
     input_order = np.flatnonzero(memory.is_input == 0).astype(np.int64)
+    max_prefetch, budget = int(options.max_prefetch), float(options.prefetch_budget_bytes)
+    if options.prefetch_distances is not None:  # without a budget the distance is max_prefetch
+        max_prefetch, budget = options.prefetch_distances[graph == "bw"], -1.0
     s = _C.schedule_regathers(
         memory, input_order=input_order, movable=movable, is_gather=is_gather,
-        gather_key=gather_key, max_prefetch=int(options.max_prefetch),
-        prefetch_budget_bytes=float(options.prefetch_budget_bytes),
+        gather_key=gather_key, max_prefetch=max_prefetch, prefetch_budget_bytes=budget,
         bucket_bytes=float(options.bucket_bytes))
     apply_order(gm, nodes, memory.is_input, s.order)
     position = {n: i for i, n in enumerate(gm.graph.nodes)}  # after reordering

@@ -73,18 +73,27 @@ class _Net(nn.Module):
 
 
 def _ranks_cutting_differently(rank, world, mode):
-    """Rank 1 cuts with the aggressive policy, or under memory_budget or peak_target with
-    another budget or target (its own choice differs from rank 0's, as one that sizes flip
-    would), at a batch of its own size; the ranks still run one choice, and train like one
-    process."""
+    """Rank 1 cuts with the aggressive policy, or under memory_budget, peak_target or
+    prefetch_budget_bytes with another budget or target (its own choice differs from rank
+    0's, as one that sizes flip would), at a batch of its own size; the ranks still run one
+    choice, and train like one process."""
     import copy
 
     from deepcompile_remat.partition import cut
     from deepcompile_remat.planning import peak_target
-    from deepcompile_remat.zero3 import shard
+    from deepcompile_remat.zero3 import runtime, shard
 
     own = []
-    decide, plan = cut.decide, peak_target.plan
+    decide, plan, schedule = cut.decide, peak_target.plan, runtime.schedule_gathers
+
+    def schedule_as_this_rank(gm, options, *, graph, **kwargs):
+        if options.prefetch_distances is not None:  # the agreed distances
+            return schedule(gm, options, graph=graph, **kwargs)
+        budget = 0.0 if rank == 1 else options.prefetch_budget_bytes
+        figures = schedule(gm, dataclasses.replace(options, prefetch_budget_bytes=budget),
+                           graph=graph, **kwargs)
+        own.append((graph, figures.prefetch_distance))
+        return figures
 
     def decide_as_this_rank(graph, config):
         if mode == "ordinary":
@@ -100,14 +109,19 @@ def _ranks_cutting_differently(rank, world, mode):
         own.append((sorted(chosen.candidate.saved_ids), summary.bucket_bytes))
         return chosen, summary
 
-    cut.decide, peak_target.plan = decide_as_this_rank, plan_as_this_rank
+    if mode == "prefetch_budget_bytes":
+        runtime.schedule_gathers = schedule_as_this_rank
+    else:
+        cut.decide, peak_target.plan = decide_as_this_rank, plan_as_this_rank
     try:
         torch.manual_seed(0)
         model = _Net()
         reference = copy.deepcopy(model)
         shard(model)
         config = dcr.RematConfig(**{"ordinary": {}, "memory_budget": {"memory_budget": 1.0},
-                                    "peak_target": {"peak_target": 1.0}}[mode])
+                                    "peak_target": {"peak_target": 1.0},
+                                    "prefetch_budget_bytes": {"prefetch_budget_bytes": 1e12}
+                                    }[mode])
         compiled = torch.compile(model, backend=dcr.backend("eager", config))
         batches = [torch.randn(3 + 40 * r, 16) for r in range(world)]  # 3 and 43 rows
         losses, ref_losses = [], []
@@ -125,48 +139,21 @@ def _ranks_cutting_differently(rank, world, mode):
             ref_opt.zero_grad()
             ref_losses.append(ref_loss.detach())
     finally:
-        cut.decide, peak_target.plan = decide, plan
-    every_own = [None] * world
+        cut.decide, peak_target.plan, runtime.schedule_gathers = decide, plan, schedule
+    every_own, distances = [None] * world, [None] * world
     dist.all_gather_object(every_own, own)
-    assert every_own[0] != every_own[1], "the test needs ranks whose own cuts differ"
+    assert every_own[0] != every_own[1], "the test needs ranks whose own choices differ"
     assert_one_cut_on_every_rank(world)
+    dist.all_gather_object(distances, [f.prefetch_distance for r in dcr.reports()
+                                       for f in r.schedule])
+    assert distances[0] == distances[1], distances
     assert_trains_like_one_process(model, reference, losses, ref_losses, False, world)
 
 
-@pytest.mark.parametrize("mode", ["ordinary", "memory_budget", "peak_target"])
+@pytest.mark.parametrize("mode", ["ordinary", "memory_budget", "peak_target",
+                                  "prefetch_budget_bytes"])
 def test_ranks_whose_own_cuts_differ_run_one_cut(mode):
     run_ranks(_ranks_cutting_differently, 2, mode)
-
-
-@pytest.mark.parametrize("mode", ["prefetch_budget_bytes", "peak_target", "memory_budget", None])
-def test_settings_that_are_not_agreed_say_so_once(caplog, mode):
-    """A prefetch byte budget (the distance orders the gathers among the backward's
-    reduce-scatters) reads this rank's sizes and is not agreed: where a graph's collectives
-    span ranks, it says so once a process. The defaults, memory_budget and peak_target
-    (agreed: test_ranks_whose_own_cuts_differ_run_one_cut) say nothing."""
-    from functorch.compile import aot_function
-
-    from deepcompile_remat.zero3.topology import GroupRef, ShardGroup, Topology
-
-    two_ranks = Topology(2, (ShardGroup(GroupRef("0", (0, 1))),))
-    config = dcr.RematConfig(**({mode: 1.0} if mode else {}))
-    agreement.warn_reads_sizes.cache_clear()
-    with caplog.at_level("WARNING", logger=agreement.__name__):
-        for rows in (4, 6):
-            fn = aot_function(lambda x, w: torch.sin(x @ w).cos().sum(), fw_compiler=_nop,
-                              partition_fn=dcr.make_partition_fn(config, topology=two_ranks))
-            fn(torch.randn(rows, 8), torch.randn(8, 8, requires_grad=True)).backward()
-    said = [r.getMessage() for r in caplog.records if "ranks do not agree" in r.getMessage()]
-    if mode != "prefetch_budget_bytes":
-        assert not said
-    else:
-        assert len(said) == 1 and mode in said[0], said
-
-
-def _nop(gm, _inputs):
-    from functorch.compile import make_boxed_func
-
-    return make_boxed_func(gm.forward)
 
 
 def _job_on_one_cache(rank, world, cache_dir, rows, offers_second, out_dir):

@@ -419,7 +419,7 @@ def test_a_host_shards_copy_moves_with_its_prefetched_gather(bucket_bytes):
 def test_without_a_prefetch_budget_every_gather_is_max_prefetch_ahead():
     """With no byte budget the distance reads no size: max_prefetch, so ranks compiled at other
     sizes place their gathers alike among the backward's reduce-scatters. (A budget reads this
-    rank's sizes and says so: test_cut_agreement.py, the settings that are not agreed.)"""
+    rank's sizes; the ranks agree on its distances: test_cut_agreement.py.)"""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from deepcompile_remat.zero3 import schedule
