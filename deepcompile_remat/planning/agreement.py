@@ -73,6 +73,15 @@ def structure_key(graph: ExportedJointGraph, context: str) -> str:
     return h.hexdigest()
 
 
+def _rank(rank: Optional[int]) -> int:
+    """`rank`, or this process's rank in the default group."""
+    if rank is not None:
+        return rank
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
 def default_store():
     """The job's c10d store, or None (no process group: one process, nothing to agree)."""
     import torch.distributed as dist
@@ -151,15 +160,15 @@ def agree(store, key: str, cut: Cut, rank: int) -> tuple[Cut, int]:
     return taken, by
 
 
-def served_cuts_agree(kept: Sequence[PartitionReport], *, spans_ranks: bool, store=None
-                      ) -> Optional[tuple[PartitionReport, ...]]:
+def served_cuts_agree(kept: Sequence[PartitionReport], *, spans_ranks: bool, store=None,
+                      rank: Optional[int] = None) -> Optional[tuple[PartitionReport, ...]]:
     """A compile served from torch's AOTAutograd cache runs the cuts made when the entry was
     written, in another job, maybe agreed with ranks at other sizes: this job's ranks that
     cut the same structure must take them, or this rank must not run them. Each kept report's
     agreed cut is offered again under its key; returns the reports with this job's deciding
     rank, or None where one is not this job's cut (the caller compiles again without the
     cache, and takes the job's cut) or, where the compile's collectives span ranks, no report
-    was kept to offer."""
+    was kept to offer. store, rank: the job's (None: the default group's)."""
     if not spans_ranks:
         return tuple(kept)
     store = default_store() if store is None else store
@@ -170,9 +179,7 @@ def served_cuts_agree(kept: Sequence[PartitionReport], *, spans_ranks: bool, sto
                     "without its partition report, so its cut cannot be offered to the other "
                     "ranks: compiling it again without that cache")
         return None
-    import torch.distributed as dist
-
-    rank, agreed = dist.get_rank(), []
+    rank, agreed = _rank(rank), []
     for r in kept:
         if r.agreed is None:  # one rank
             agreed.append(r)
@@ -184,7 +191,8 @@ def served_cuts_agree(kept: Sequence[PartitionReport], *, spans_ranks: bool, sto
             return tuple(kept)
         (taken, by) = stored
         if not taken.same_choice(served) or (
-                distances is not None and agreed_distances(key, distances, store) != distances):
+                distances is not None and
+                agreed_distances(key, distances, store, rank) != tuple(distances)):
             log.info("deepcompile_remat: rank %d was served a compile from torch's AOTAutograd "
                      "cache whose cut or prefetch distances (chosen in an earlier job) are not "
                      "the ones this job's ranks agreed on for the same graph structure: "
@@ -194,7 +202,8 @@ def served_cuts_agree(kept: Sequence[PartitionReport], *, spans_ranks: bool, sto
     return tuple(agreed)
 
 
-def agreed_distances(key: str, distances: tuple[int, ...], store=None) -> tuple[int, ...]:
+def agreed_distances(key: str, distances: tuple[int, ...], store=None,
+                     rank: Optional[int] = None) -> tuple[int, ...]:
     """The prefetch distances (forward, backward) every rank runs with the cut agreed under
     `key`: this rank's, offered, or the first rank's. Only a prefetch_budget_bytes reads
     sizes to choose them (csrc/schedule/regather_schedule.h, "Collective order"): the
@@ -202,9 +211,8 @@ def agreed_distances(key: str, distances: tuple[int, ...], store=None) -> tuple[
     store = default_store() if store is None else store
     if store is None:
         return tuple(distances)
-    import torch.distributed as dist
-
-    offer = json.dumps({"rank": dist.get_rank(), "distances": [int(d) for d in distances]})
+    rank = _rank(rank)
+    offer = json.dumps({"rank": rank, "distances": [int(d) for d in distances]})
     try:
         stored = json.loads(bytes(store.compare_set(f"{KEY_PREFIX}{key}/prefetch", "",
                                                     offer.encode())))
@@ -213,8 +221,8 @@ def agreed_distances(key: str, distances: tuple[int, ...], store=None) -> tuple[
         return tuple(distances)
     if tuple(stored["distances"]) != tuple(distances):
         log.info("deepcompile_remat: rank %d takes the prefetch distances %s rank %d chose for "
-                 "the same graphs (its own: %s)", dist.get_rank(), stored["distances"],
-                 stored["rank"], list(distances))
+                 "the same graphs (its own: %s)", rank, stored["distances"], stored["rank"],
+                 list(distances))
     return tuple(stored["distances"])
 
 
@@ -234,7 +242,5 @@ def agreed_cut(graph: ExportedJointGraph, cut: Cut, *, context: str, spans_ranks
         store = default_store()
     if store is None or not spans_ranks:
         return cut, None, None
-    import torch.distributed as dist
-
     key = structure_key(graph, context)
-    return (*agree(store, key, cut, dist.get_rank()), key)
+    return (*agree(store, key, cut, _rank(None)), key)

@@ -61,6 +61,42 @@ def test_the_first_cut_offered_is_the_one_every_rank_takes(caplog):
                                 spans_ranks=True, store=None)[1] is None
 
 
+def _nop(gm, _inputs):
+    from functorch.compile import make_boxed_func
+
+    return make_boxed_func(gm.forward)
+
+
+def test_a_served_compile_offers_its_cut_buckets_and_distances():
+    """What served_cuts_agree does with the reports kept for a compile torch's AOTAutograd
+    cache served (the backend compiles again where it returns None): each agreed choice is
+    offered again; one that differs from the job's (its cut, peak_target's buckets or a
+    prefetch budget's distances) refuses the hit, as does a hit without a kept report."""
+    from functorch.compile import aot_function
+
+    fn = aot_function(lambda x, w: torch.sin(x @ w).cos().sum(), fw_compiler=_nop,
+                      partition_fn=dcr.make_partition_fn())
+    fn(torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)).backward()
+    [base] = dcr.reports()
+
+    def served(key, saved, buckets=None, distances=None):
+        return dataclasses.replace(base, from_cache=True, agreed=(
+            key, tuple(saved), bytes([0, 1, 2]), buckets, distances))
+
+    store, agree = dist.HashStore(), agreement.served_cuts_agree
+    first = agree([served("a", [1, 2], (8.0, 8.0), (2, 2))], spans_ranks=True, store=store,
+                  rank=1)
+    assert [r.cut_by_rank for r in first] == [1]  # offered first: the job's
+    assert agree([served("a", [1, 2], (8.0, 8.0), (2, 2))], spans_ranks=True, store=store,
+                 rank=0)[0].cut_by_rank == 1
+    for other in (served("a", [1]), served("a", [1, 2], (32.0, 32.0), (2, 2)),
+                  served("a", [1, 2], (8.0, 8.0), (0, 2))):
+        assert agree([other], spans_ranks=True, store=store, rank=0) is None, other.agreed
+    assert agree([], spans_ranks=True, store=store, rank=0) is None
+    assert agree([], spans_ranks=False, store=store, rank=0) == ()  # one rank: nothing to agree
+    assert agree([base], spans_ranks=True, store=store, rank=0) == (base,)  # not agreed
+
+
 class _Net(nn.Module):
     def __init__(self):
         super().__init__()
