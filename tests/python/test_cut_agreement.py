@@ -108,16 +108,26 @@ class _Net(nn.Module):
         return self.down(self.norm(torch.nn.functional.gelu(self.up(x)) * 1.5)).square().mean()
 
 
+def _sharded_net():
+    """(the net sharded over the group, an unsharded copy of it: the reference)."""
+    import copy
+
+    from deepcompile_remat.zero3 import shard
+
+    torch.manual_seed(0)
+    model = _Net()
+    reference = copy.deepcopy(model)
+    return shard(model), reference
+
+
 def _ranks_cutting_differently(rank, world, mode):
     """Rank 1 cuts with the aggressive policy, or under memory_budget, peak_target or
     prefetch_budget_bytes with another budget or target (its own choice differs from rank
     0's, as one that sizes flip would), at a batch of its own size; the ranks still run one
     choice, and train like one process."""
-    import copy
-
     from deepcompile_remat.partition import cut
     from deepcompile_remat.planning import peak_target
-    from deepcompile_remat.zero3 import runtime, shard
+    from deepcompile_remat.zero3 import runtime
 
     own = []
     decide, plan, schedule = cut.decide, peak_target.plan, runtime.schedule_gathers
@@ -150,10 +160,7 @@ def _ranks_cutting_differently(rank, world, mode):
     else:
         cut.decide, peak_target.plan = decide_as_this_rank, plan_as_this_rank
     try:
-        torch.manual_seed(0)
-        model = _Net()
-        reference = copy.deepcopy(model)
-        shard(model)
+        model, reference = _sharded_net()
         config = dcr.RematConfig(**{"ordinary": {}, "memory_budget": {"memory_budget": 1.0},
                                     "peak_target": {"peak_target": 1.0},
                                     "prefetch_budget_bytes": {"prefetch_budget_bytes": 1e12}
@@ -197,7 +204,6 @@ def _job_on_one_cache(rank, world, cache_dir, rows, offers_second, out_dir):
     cuts with the aggressive policy (as a cut that sizes flip would), and rank
     `offers_second` offers its cut only once another rank has offered one (the order the
     test needs). Writes this rank's cache counters and reports."""
-    import copy
     import datetime
     import json
     import os
@@ -207,7 +213,6 @@ def _job_on_one_cache(rank, world, cache_dir, rows, offers_second, out_dir):
     from torch._dynamo.utils import counters
 
     from deepcompile_remat.partition import cut
-    from deepcompile_remat.zero3 import shard
 
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == cache_dir
     inductor_config.fx_graph_cache = True  # the rank entry turns them off: on again
@@ -228,10 +233,7 @@ def _job_on_one_cache(rank, world, cache_dir, rows, offers_second, out_dir):
 
     cut.decide, agreement._offer = decide_as_this_rank, offer_in_order
     try:
-        torch.manual_seed(0)
-        model = _Net()
-        reference = copy.deepcopy(model)
-        shard(model)
+        model, reference = _sharded_net()
         compiled = torch.compile(model, backend=dcr.backend("inductor"))
         gen = torch.Generator().manual_seed(1)
         batches = [torch.randn(n, 16, generator=gen) for n in rows]
