@@ -47,7 +47,6 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 
 from deepcompile_remat import _C
-from deepcompile_remat.config import RematConfig
 from deepcompile_remat.fx_arrays import ExportedJointGraph
 from deepcompile_remat.partition.report import BudgetSummary, PartitionReport
 from deepcompile_remat.planning.peak_target import PlanSummary

@@ -11,8 +11,9 @@ One call plans one joint graph, in this order:
    one collective per layer and direction (zero3/unit_buckets.py);
 4. decide by the config's mode: the ordinary cut or memory_budget (partition/cut.py::decide,
    the settings of 3.), or peak_target (peak_target.py: cuts and larger buckets searched
-   together); where the graph's collectives span ranks, the ordinary cut and memory_budget's
-   are the one the first rank made for this graph structure (agreement.py);
+   together); where the graph's collectives span ranks, every rank runs the cut (or
+   peak_target's plan) the first rank made for this graph structure, and with a prefetch
+   byte budget that rank's prefetch distances (agreement.py);
 5. extract the chosen cut and run the runtime's passes with the chosen settings, then, with
    offload_activations, move saved activations to the host (partition/offload.py; inside
    every plan peak-target mode builds, so its simulated peaks count accelerator bytes only);
