@@ -62,8 +62,8 @@ class PartitionReport:
     # are that compile's). partition/report_cache.py keeps it beside the cache.
     from_cache: bool = False
     # The rank whose cut this is, where ranks agreed on one per graph structure (planning/
-    # agreement.py): this rank's own, or the first that cut it. None: not agreed (one rank,
-    # memory_budget, peak_target).
+    # agreement.py): this rank's own, or the first that cut it. None: not agreed (the graph's
+    # collectives span no other rank, or no store).
     cut_by_rank: int | None = None
     # Where ranks agreed: (structure key, saved node ids, node info bytes, peak_target's bucket
     # sizes or None, a prefetch budget's (forward, backward) distances or None), the choices as

@@ -61,12 +61,6 @@ def test_the_first_cut_offered_is_the_one_every_rank_takes(caplog):
                                 spans_ranks=True, store=None)[1] is None
 
 
-def _nop(gm, _inputs):
-    from functorch.compile import make_boxed_func
-
-    return make_boxed_func(gm.forward)
-
-
 def test_a_served_compile_offers_its_cut_buckets_and_distances():
     """What served_cuts_agree does with the reports kept for a compile torch's AOTAutograd
     cache served (the backend compiles again where it returns None): each agreed choice is
@@ -74,8 +68,10 @@ def test_a_served_compile_offers_its_cut_buckets_and_distances():
     prefetch budget's distances) refuses the hit, as does a hit without a kept report."""
     from functorch.compile import aot_function
 
-    fn = aot_function(lambda x, w: torch.sin(x @ w).cos().sum(), fw_compiler=_nop,
-                      partition_fn=dcr.make_partition_fn())
+    from deepcompile_remat.backends import eager_graph_compiler
+
+    fn = aot_function(lambda x, w: torch.sin(x @ w).cos().sum(),
+                      fw_compiler=eager_graph_compiler(), partition_fn=dcr.make_partition_fn())
     fn(torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)).backward()
     [base] = dcr.reports()
 
@@ -204,6 +200,7 @@ def _job_on_one_cache(rank, world, cache_dir, rows, offers_second, out_dir):
     cuts with the aggressive policy (as a cut that sizes flip would), and rank
     `offers_second` offers its cut only once another rank has offered one (the order the
     test needs). Writes this rank's cache counters and reports."""
+    import contextlib
     import datetime
     import json
     import os
@@ -225,10 +222,10 @@ def _job_on_one_cache(rank, world, cache_dir, rows, offers_second, out_dir):
 
     def offer_in_order(store, key, *args):
         if rank == offers_second:
-            try:  # the other rank's offer; none within the limit: a failure, not a hang
+            # the other rank's offer; none within the limit: the test's assertions fail, it
+            # does not hang
+            with contextlib.suppress(RuntimeError):
                 store.wait([agreement.KEY_PREFIX + key], datetime.timedelta(seconds=90))
-            except RuntimeError:
-                pass
         return offer(store, key, *args)
 
     cut.decide, agreement._offer = decide_as_this_rank, offer_in_order
