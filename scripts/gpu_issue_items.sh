@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-bench_out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 device="${DCR_ITEMS_DEVICE:-cuda}"; world="${DCR_ITEMS_WORLD:-1}"
-read -r -a shape <<<"${DCR_ITEMS_SHAPE:---model llama --layers 8 --hidden 1024 --heads 16 --seq 1024}"
+default_shape="--model llama --layers 8 --hidden 1024 --heads 16 --seq 1024"
+read -r -a shape <<<"${DCR_ITEMS_SHAPE:-$default_shape}"
 steps="${DCR_ITEMS_STEPS:-10}"
 status=0
 step() { echo; echo "=== $*"; }
