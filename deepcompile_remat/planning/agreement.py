@@ -129,14 +129,22 @@ def _decode(raw: bytes) -> tuple[Cut, int]:
                None if d["buckets"] is None else tuple(d["buckets"])), d["rank"]
 
 
-def _offer(store, key: str, cut: Cut, rank: int) -> Optional[tuple[Cut, int]]:
-    """(the cut stored under `key` after offering this one, the rank that offered it), or None
-    where the store cannot compare_set (torch's FakeStore: nothing is agreed, said once)."""
+def _first_offer(store, key: str, offer: bytes) -> Optional[bytes]:
+    """What is stored under KEY_PREFIX + `key` after offering `offer` (the first offer wins),
+    or None where the store cannot compare_set (torch's FakeStore: nothing is agreed, said
+    once)."""
     try:
-        return _decode(bytes(store.compare_set(KEY_PREFIX + key, "", _encode(cut, rank))))
+        return bytes(store.compare_set(KEY_PREFIX + key, "", offer))
     except RuntimeError as err:
         _warn_no_agreement(type(store).__name__, str(err))
         return None
+
+
+def _offer(store, key: str, cut: Cut, rank: int) -> Optional[tuple[Cut, int]]:
+    """(the cut stored under `key` after offering this one, the rank that offered it), or None
+    where nothing can be agreed (_first_offer)."""
+    stored = _first_offer(store, key, _encode(cut, rank))
+    return None if stored is None else _decode(stored)
 
 
 def agree(store, key: str, cut: Cut, rank: int) -> tuple[Cut, int]:
@@ -211,13 +219,11 @@ def agreed_distances(key: str, distances: tuple[int, ...], store=None,
     if store is None:
         return tuple(distances)
     rank = _rank(rank)
-    offer = json.dumps({"rank": rank, "distances": [int(d) for d in distances]})
-    try:
-        stored = json.loads(bytes(store.compare_set(f"{KEY_PREFIX}{key}/prefetch", "",
-                                                    offer.encode())))
-    except RuntimeError as err:
-        _warn_no_agreement(type(store).__name__, str(err))
+    offer = json.dumps({"rank": rank, "distances": [int(d) for d in distances]}).encode()
+    raw = _first_offer(store, f"{key}/prefetch", offer)
+    if raw is None:
         return tuple(distances)
+    stored = json.loads(raw)
     if tuple(stored["distances"]) != tuple(distances):
         log.info("deepcompile_remat: rank %d takes the prefetch distances %s rank %d chose for "
                  "the same graphs (its own: %s)", rank, stored["distances"], stored["rank"],
