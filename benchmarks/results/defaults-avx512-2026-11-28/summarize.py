@@ -7,6 +7,7 @@ import collections
 import glob
 import json
 import os
+import statistics
 import sys
 
 HERE = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
@@ -26,8 +27,12 @@ for cell, peers in cells.items():
     print(f"== {cell}")
     for p, es in peers.items():
         ratios = [e["step_s"] / r["step_s"] for e, r in zip(es, ref)] if ref else []
+        cpu_ratios = [e["cpu_s"] / r["cpu_s"] for e, r in zip(es, ref)] if ref else []
         mb = es[0]["step_peak_bytes"] / 2**20
         print(f"{p:22} {mb:6.1f} MB  step {row([e['step_s'] for e in es], '%.3f')}"
               f"  cpu {row([e['cpu_s'] for e in es], '%.3f')}  x{row(ratios, '%.2f')}"
               f"  first {row([e['first_step_s'] for e in es], '%.1f')}"
               f"  colls {es[0]['collectives']}")
+        if len(ratios) > 1:  # rounds of one cell: the medians of the per-round ratios
+            print(f"{'':22} median over {len(ratios)} rounds: x{statistics.median(ratios):.3f}"
+                  f" wall, x{statistics.median(cpu_ratios):.3f} CPU")
