@@ -17,6 +17,8 @@ One call plans one joint graph, in this order:
 5. extract the chosen cut and run the runtime's passes with the chosen settings, then, with
    offload_activations, move saved activations to the host (partition/offload.py; inside
    every plan peak-target mode builds, so its simulated peaks count accelerator bytes only);
+   for inductor, shape the backward's casts that only feed matmuls so that none compiles to
+   a kernel of its own (partition/matmul_casts.py);
 6. record a PartitionReport (what "auto" chose is in its summary line).
 Settings go one way: RematConfig -> Zero3Runtime.settings -> 3. (and, in peak-target mode, a
 larger bucket_bytes) -> runtime.rewrite -> the C++ schedule. Nothing calls back to override
@@ -32,7 +34,8 @@ import numpy as np
 import torch.fx as fx
 
 from deepcompile_remat.config import RematConfig
-from deepcompile_remat.partition import budget, cut, fx_export, layouts, offload, report
+from deepcompile_remat.partition import (budget, cut, fx_export, layouts, matmul_casts, offload,
+                                         report)
 from deepcompile_remat.partition.simulate import step_peak
 from deepcompile_remat.planning import agreement, peak_target
 from deepcompile_remat.zero3.runtime import Zero3Runtime, summary_of
@@ -144,6 +147,8 @@ def _plan(joint_module, *, num_fwd_outputs, config, static, parameter_indices, r
         if distances != own_distances:
             built = build(saved_ids, dataclasses.replace(used, prefetch_distances=distances))
     fw, bw, extracted, figures, moved = built
+    if fuses_pointwise:  # inductor: no kernel of its own for a backward cast feeding matmuls
+        matmul_casts.shape_matmul_casts(bw)
     t3 = time.perf_counter()
     rep = cut.describe(graph, config, extracted, saved_ids, node_info,
                        parameter_names=parameter_names,
